@@ -1,0 +1,251 @@
+"""Resumable, tidy results store shared by every experiment.
+
+Layout under ``<results_dir>/<experiment>/``::
+
+    results.csv            one row per measurement, every run of this experiment (tidy, long format)
+    config.json            the resolved config of the most recent run (what ``run.py`` composed)
+    runs/<config_id>.json  one file per distinct result-relevant config: resolved config + provenance
+
+Identity of a result
+    ``config_id`` is a short hash of the *result-relevant* part of the config (by default everything
+    except ``paths`` and ``hydra``; an experiment may narrow it with a module-level ``RESULT_KEYS``).
+    A *unit* is the smallest piece of work an experiment can redo on its own (e.g. one
+    ``(method, bits)`` pair); its ``unit_id`` hashes ``config_id`` together with the unit's keys.
+    A unit is done exactly when ``results.csv`` holds rows with its ``unit_id``; rows and "done" are
+    therefore written in one atomic file replacement, so a killed run never leaves a half-written unit
+    and never records a unit as done without its rows.
+
+Consequences
+    * Changing any result-relevant value (dataset, sizes, seed, rotation, ...) gives a new
+      ``config_id``: old rows stay in the CSV but are never mixed into the new run's frame.
+    * Two experiments never share a directory, so they cannot clobber each other.
+    * Several jobs of a Hydra multirun append to the same CSV; writes are serialised by a file lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+__all__ = ["ResultStore", "result_config", "config_to_dict", "experiment_sizes"]
+
+#: Top-level config groups that never change a measured number.
+NON_RESULT_KEYS: tuple[str, ...] = ("paths", "hydra")
+
+#: Hash columns, always read back as strings (an all-digit hash must not become an integer).
+_ID_COLUMNS: tuple[str, ...] = ("config_id", "unit_id")
+
+#: Columns the store adds to every row (the experiment's own columns follow them).
+STORE_COLUMNS: tuple[str, ...] = ("experiment", "config_id", "unit_id", "dataset", "scale", "seed")
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A plain, fully resolved ``dict`` from an OmegaConf config or a mapping."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf ships with hydra-core
+        DictConfig = ()  # type: ignore[assignment]
+    if DictConfig and isinstance(config, DictConfig):
+        return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
+    if isinstance(config, Mapping):
+        return json.loads(json.dumps(config, default=str))
+    raise ValueError(f"config must be a DictConfig or a mapping, got {type(config).__name__}")
+
+
+def _get_dotted(tree: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise ValueError(f"result key {dotted!r} is not in the config")
+        node = node[part]
+    return node
+
+
+def result_config(config: Mapping[str, Any], result_keys: Sequence[str] | None = None) -> dict[str, Any]:
+    """The part of ``config`` that determines the measured numbers.
+
+    ``result_keys=None`` keeps every top-level entry except :data:`NON_RESULT_KEYS`; otherwise only the
+    listed dotted paths (e.g. ``("experiment", "dataset", "scale.name", "seed")``) are kept.
+    """
+    if result_keys is None:
+        return {k: v for k, v in config.items() if k not in NON_RESULT_KEYS}
+    return {key: _get_dotted(config, key) for key in result_keys}
+
+
+def _short_hash(payload: Any) -> str:
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def experiment_sizes(cfg: Any) -> Any:
+    """The sizes block the current scale selects: ``cfg.experiment.sizes[cfg.scale.name]``.
+
+    This is the one pattern by which an experiment picks its sizes per scale (see configs/README.md).
+    """
+    sizes = cfg.experiment.get("sizes")
+    if sizes is None:
+        raise ValueError(f"experiment {cfg.experiment.name!r} has no 'sizes' block")
+    scale = cfg.scale.name
+    if scale not in sizes:
+        raise ValueError(
+            f"experiment {cfg.experiment.name!r} defines sizes for {sorted(sizes)} but not for scale {scale!r}"
+        )
+    return sizes[scale]
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class ResultStore:
+    """Tidy CSV of measurements for one experiment, resumable unit by unit.
+
+    Args:
+        results_dir: root results folder (``<repo>/results``); the store uses ``results_dir/experiment``.
+        experiment: experiment name (a directory name: letters, digits, ``_``, ``-``).
+        config: the run's full config (DictConfig or mapping); stored resolved as JSON.
+        result_keys: dotted config paths that determine the results (default: all but paths/hydra).
+    """
+
+    def __init__(
+        self,
+        results_dir: str | os.PathLike[str],
+        experiment: str,
+        config: Any,
+        result_keys: Sequence[str] | None = None,
+    ) -> None:
+        if not experiment or not all(c.isalnum() or c in "_-" for c in experiment):
+            raise ValueError(f"experiment name must be a non-empty [A-Za-z0-9_-] string, got {experiment!r}")
+        self.experiment = experiment
+        self.directory = Path(results_dir) / experiment
+        self.csv_path = self.directory / "results.csv"
+        self.config = config_to_dict(config)
+        self.result_config = result_config(self.config, result_keys)
+        self.config_id = _short_hash(self.result_config)
+        self.run_path = self.directory / "runs" / f"{self.config_id}.json"
+        self._lock_path = self.directory / ".lock"
+        self.context = {
+            "experiment": experiment,
+            "config_id": self.config_id,
+            "dataset": self._config_value("dataset", "name"),
+            "scale": self._config_value("scale", "name"),
+            "seed": self.config.get("seed"),
+        }
+        self._write_run_record()
+
+    # ------------------------------------------------------------------ identity
+    def _config_value(self, group: str, key: str) -> Any:
+        node = self.config.get(group)
+        return node.get(key) if isinstance(node, Mapping) else None
+
+    def unit_id(self, unit: Mapping[str, Any]) -> str:
+        """Hash of this run's ``config_id`` and the unit's keys (order-independent)."""
+        if not isinstance(unit, Mapping) or not unit:
+            raise ValueError(f"a unit must be a non-empty mapping of its keys, got {unit!r}")
+        clash = set(unit) & set(STORE_COLUMNS)
+        if clash:
+            raise ValueError(f"unit keys {sorted(clash)} clash with the store's own columns")
+        return _short_hash({"config_id": self.config_id, "unit": dict(unit)})
+
+    # ------------------------------------------------------------------ records
+    def _write_run_record(self, provenance: Mapping[str, Any] | None = None) -> None:
+        with _locked(self._lock_path):
+            record: dict[str, Any] = {}
+            if self.run_path.exists():
+                record = json.loads(self.run_path.read_text())
+            now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+            record.setdefault("created", now)
+            record.update(
+                experiment=self.experiment,
+                config_id=self.config_id,
+                updated=now,
+                result_config=self.result_config,
+                config=self.config,
+            )
+            if provenance is not None:
+                record["provenance"] = {**record.get("provenance", {}), **dict(provenance)}
+            _atomic_write_text(self.run_path, json.dumps(record, indent=2, sort_keys=True, default=str))
+            _atomic_write_text(
+                self.directory / "config.json", json.dumps(self.config, indent=2, sort_keys=True, default=str)
+            )
+
+    def record_provenance(self, **info: Any) -> None:
+        """Store what was actually used (dataset description, substitution, model, versions) for this run."""
+        self._write_run_record(info)
+
+    def provenance(self) -> dict[str, Any]:
+        if not self.run_path.exists():
+            return {}
+        return json.loads(self.run_path.read_text()).get("provenance", {})
+
+    # ------------------------------------------------------------------ rows
+    def _read_csv(self) -> pd.DataFrame:
+        if not self.csv_path.exists():
+            return pd.DataFrame(columns=list(STORE_COLUMNS))
+        return pd.read_csv(self.csv_path, low_memory=False, dtype={c: str for c in _ID_COLUMNS})
+
+    def is_done(self, unit: Mapping[str, Any]) -> bool:
+        """True when this unit's rows are already in ``results.csv`` for this config."""
+        unit_id = self.unit_id(unit)
+        if not self.csv_path.exists():
+            return False
+        done = pd.read_csv(self.csv_path, usecols=["unit_id"], dtype=str)["unit_id"]
+        return bool((done == unit_id).any())
+
+    def save_unit(self, unit: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
+        """Append a unit's rows (each merged with the unit keys and the run context) atomically."""
+        unit_id = self.unit_id(unit)
+        if not rows:
+            raise ValueError(f"unit {dict(unit)} produced no rows; a unit must record at least one measurement")
+        records = []
+        for row in rows:
+            overlap = {k for k in row if k in unit and row[k] != unit[k]}
+            if overlap:
+                raise ValueError(f"row values for {sorted(overlap)} contradict the unit {dict(unit)}")
+            records.append({**self.context, "unit_id": unit_id, **dict(unit), **dict(row)})
+        new = pd.DataFrame.from_records(records)
+        with _locked(self._lock_path):
+            old = self._read_csv()
+            old = old[old["unit_id"] != unit_id]  # a unit is written whole, exactly once
+            frames = [df for df in (old, new) if not df.empty]
+            merged = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+            _atomic_write_text(self.csv_path, merged.to_csv(index=False))
+
+    def frame(self, all_configs: bool = False) -> pd.DataFrame:
+        """Rows of this run's config (``all_configs=True``: every row ever stored for this experiment)."""
+        df = self._read_csv()
+        if not all_configs:
+            df = df[df["config_id"] == self.config_id]
+        return df.reset_index(drop=True)
