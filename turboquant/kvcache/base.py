@@ -1,0 +1,234 @@
+"""The shared interface of every KV cache in this package, and its byte accounting.
+
+Each method (full precision, TurboQuant, KIVI, PolarQuant, SnapKV, PyramidKV) is one subclass of
+:class:`CompressedLayer`, a ``transformers`` cache layer (``CacheLayerMixin``), and the model-wide object is a
+:class:`CompressedCache`, a real ``transformers.Cache``. ``model.generate(..., past_key_values=cache)`` (or
+``cache=cache``, the name transformers >= 5.24 prefers) therefore works with an unmodified model: every
+attention layer calls ``cache.update(key_states, value_states, layer_idx)`` with its new (RoPE-applied)
+keys and values of shape ``(batch, kv_heads, new_tokens, head_dim)`` and attends over what it returns.
+
+The contract of :meth:`CompressedLayer.update` (the same for all methods):
+
+1. the tokens already stored are read back (decoded / dequantized) in the compute dtype;
+2. the new tokens are written into the compressed store (quantized and packed, or scored and evicted);
+3. the returned keys/values are ``[read-back past ; new tokens exact]``. The tokens of the current forward
+   pass attend to each other at full precision, as in the authors' TurboQuant code ("prefill attention
+   unquantized"), in KIVI (new tokens enter its full-precision residual) and in SnapKV / PyramidKV (the prefill
+   attends to the whole prompt, eviction only shapes what later tokens see). Every later step reads the
+   compressed store.
+
+Sequence bookkeeping: ``get_seq_length()`` is the number of tokens *seen* (it drives the position ids),
+while ``get_mask_sizes`` / ``get_query_offset`` use the number of tokens *stored*, which is smaller for the
+eviction methods; this is what lets a SnapKV cache hold 25% of the prompt without touching model code.
+
+Byte accounting. ``nbytes()`` is the memory of what is actually stored: the ``element_size() * numel()`` of
+every tensor the layer keeps (packed codes, norms / scales, outlier indices, full-precision windows, fully
+kept layers). Decoding workspaces that a fused GPU kernel would not need are excluded and named as such.
+The reference is the model's 16-bit cache of the same tokens:
+
+    reference_nbytes = 2 (K and V) * batch * kv_heads * seen_tokens * head_dim * 2 bytes
+
+and ``memory_ratio = nbytes / reference_nbytes`` (0.25 = "25% of the full cache", the paper's Needle budget),
+``compression_ratio = 1 / memory_ratio``, ``bits_per_value = 16 * memory_ratio``. Each subclass states its
+closed-form ``nbytes`` formula in its docstring and implements it in ``expected_nbytes()``; the tests check
+that the measured bytes equal the formula.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+REFERENCE_BYTES_PER_VALUE = 2  # the model's 16-bit (fp16 / bf16) cache
+
+
+def tensor_nbytes(*tensors: torch.Tensor | None) -> int:
+    """Total ``element_size * numel`` of the given tensors (``None`` counts 0)."""
+    return sum(t.element_size() * t.numel() for t in tensors if t is not None)
+
+
+def storage_dtype_for(compute_dtype: torch.dtype, requested: torch.dtype | None) -> torch.dtype:
+    """The 16-bit dtype in which full-precision parts are stored.
+
+    ``requested`` wins; otherwise a 16-bit compute dtype is kept as is (bf16 models keep bf16) and a float32
+    model (the CPU default) stores float16, so that "full precision" always means the 16-bit cache the paper
+    compares against.
+    """
+    if requested is not None:
+        return requested
+    return compute_dtype if compute_dtype in (torch.float16, torch.bfloat16) else torch.float16
+
+
+class CompressedLayer(CacheLayerMixin):
+    """One attention layer's KV store; subclasses implement ``_read``, ``_write``, ``stored_tokens``, ``nbytes``.
+
+    Attributes set on the first ``update`` (lazy initialisation): ``batch_size``, ``num_heads`` (KV heads),
+    ``head_dim``, ``compute_dtype``, ``device``, ``fp_dtype`` (the 16-bit storage dtype of full-precision parts).
+    """
+
+    is_compileable = False
+    is_croppable = False
+    is_sliding = False
+
+    def __init__(self, layer_idx: int, fp_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.requested_fp_dtype = fp_dtype
+        self.seen_tokens = 0
+
+    # ----------------------------------------------------------------- transformers layer interface
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        if key_states.dim() != 4 or key_states.shape != value_states.shape:
+            raise ValueError(
+                "expected key/value states of equal shape (batch, kv_heads, tokens, head_dim), got "
+                f"{tuple(key_states.shape)} and {tuple(value_states.shape)}"
+            )
+        self.batch_size, self.num_heads, _, self.head_dim = key_states.shape
+        self.compute_dtype = key_states.dtype
+        self.device = key_states.device
+        self.fp_dtype = storage_dtype_for(key_states.dtype, self.requested_fp_dtype)
+        self.is_initialized = True
+        self._initialize()
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new tokens compressed; return ``[decoded past ; new tokens]`` for attention (see module doc)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        elif key_states.shape[0] != self.batch_size or key_states.shape[1] != self.num_heads:
+            raise ValueError(
+                f"layer {self.layer_idx}: batch/heads changed from ({self.batch_size}, {self.num_heads}) to "
+                f"{tuple(key_states.shape[:2])}; build a new cache per batch"
+            )
+        past_keys, past_values = self._read() if self.stored_tokens() > 0 else (None, None)
+        self._write(key_states, value_states)
+        self.seen_tokens += key_states.shape[-2]
+        if past_keys is None:
+            return key_states, value_states
+        return torch.cat([past_keys, key_states], dim=-2), torch.cat([past_values, value_states], dim=-2)
+
+    def get_seq_length(self) -> int:
+        """Number of tokens seen (drives position ids); eviction layers store fewer, see ``stored_tokens``."""
+        return self.seen_tokens
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.stored_tokens() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.seen_tokens = 0
+        self.is_initialized = False
+        self.keys = self.values = None
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not support beam search (use greedy or sampling)")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot be cropped (no assisted/speculative decoding)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot be expanded over the batch")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot select batch rows")
+
+    # ----------------------------------------------------------------- what each method implements
+    def _initialize(self) -> None:
+        """Allocate method state once shapes and dtypes are known (called from ``lazy_initialization``)."""
+
+    @abstractmethod
+    def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoded stored keys and values, ``(batch, kv_heads, stored_tokens, head_dim)``, compute dtype."""
+
+    @abstractmethod
+    def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Compress and store new tokens."""
+
+    @abstractmethod
+    def stored_tokens(self) -> int:
+        """Number of token positions the layer stores (what attention reads)."""
+
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Measured bytes of everything the layer stores."""
+
+    @abstractmethod
+    def expected_nbytes(self) -> int:
+        """The closed-form byte formula of the class docstring, evaluated on the current token counts."""
+
+    # ----------------------------------------------------------------- accounting
+    def reference_nbytes(self) -> int:
+        """Bytes of the model's 16-bit cache holding the same seen tokens (K and V)."""
+        if not self.is_initialized:
+            return 0
+        return 2 * self.batch_size * self.num_heads * self.seen_tokens * self.head_dim * REFERENCE_BYTES_PER_VALUE
+
+    def fp_bytes(self, tokens: int) -> int:
+        """Bytes of ``tokens`` full-precision K and V tokens in ``fp_dtype`` (both tensors)."""
+        itemsize = torch.empty((), dtype=self.fp_dtype).element_size()
+        return 2 * self.batch_size * self.num_heads * tokens * self.head_dim * itemsize
+
+
+class CompressedCache(Cache):
+    """A model-wide ``transformers.Cache`` of :class:`CompressedLayer` s, with memory reporting.
+
+    ``method`` names the method, ``options`` records the resolved options (for result tables).
+    """
+
+    def __init__(self, layers: list[CompressedLayer], method: str, options: dict[str, Any]) -> None:
+        if not layers:
+            raise ValueError("a cache needs at least one layer")
+        super().__init__(layers=layers)
+        self.method = method
+        self.options = dict(options)
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        # The causal mask indexes stored key positions; for eviction caches stored < seen.
+        if layer_idx >= len(self.layers) or not self.layers[layer_idx].is_initialized:
+            return 0
+        return self.layers[layer_idx].stored_tokens()
+
+    def nbytes(self) -> int:
+        """Measured bytes stored by all layers."""
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def expected_nbytes(self) -> int:
+        """Sum of each layer's closed-form byte formula (equals ``nbytes()``; checked in tests)."""
+        return sum(layer.expected_nbytes() for layer in self.layers)
+
+    def reference_nbytes(self) -> int:
+        """Bytes of the model's 16-bit cache of the same tokens."""
+        return sum(layer.reference_nbytes() for layer in self.layers)
+
+    def memory_ratio(self) -> float:
+        """``nbytes / reference_nbytes`` (0.25 = 25% of the full 16-bit cache)."""
+        reference = self.reference_nbytes()
+        if reference == 0:
+            raise ValueError("the cache is empty: run a forward pass before asking for its memory ratio")
+        return self.nbytes() / reference
+
+    def compression_ratio(self) -> float:
+        """``reference_nbytes / nbytes``: how many times smaller than the model's 16-bit cache."""
+        return 1.0 / self.memory_ratio()
+
+    def bits_per_value(self) -> float:
+        """Average stored bits per cached K/V coordinate, everything counted (``16 * memory_ratio``)."""
+        return 8 * REFERENCE_BYTES_PER_VALUE * self.memory_ratio()
+
+    def summary(self) -> dict[str, Any]:
+        """One flat row for result tables: method, options, bytes and ratios."""
+        return {
+            "method": self.method,
+            **{f"option_{key}": value for key, value in self.options.items()},
+            "nbytes": self.nbytes(),
+            "reference_nbytes": self.reference_nbytes(),
+            "memory_ratio": self.memory_ratio(),
+            "compression_ratio": self.compression_ratio(),
+            "bits_per_value": self.bits_per_value(),
+        }

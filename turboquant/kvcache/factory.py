@@ -1,0 +1,94 @@
+"""Build any KV cache of this package from a method name and a model config.
+
+Usage (the whole API the experiments need)::
+
+    from turboquant.kvcache import build_cache, attach
+
+    cache = build_cache("turboquant", model.config, bits=3.5)          # or "full", "kivi", "polarquant",
+    with attach(model, cache):                                          #    "snapkv", "pyramidkv"
+        out = model.generate(**inputs, past_key_values=cache, max_new_tokens=32, do_sample=False)
+    print(cache.memory_ratio(), cache.bits_per_value(), cache.summary())
+
+Build a new cache for every prompt (a cache holds one conversation). ``attach`` is a no-op for the
+quantizers and installs the query-capturing hooks the eviction methods (SnapKV, PyramidKV) need during the
+prefill; it is always safe to use. ``memory_ratio=0.25`` (any method) picks the configuration that stores
+at most that fraction of the 16-bit cache (see :func:`options_for_memory_ratio`); every cache reports its
+measured ratio afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from turboquant.kvcache.base import CompressedCache
+from turboquant.kvcache.full import FullPrecisionLayer
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a cache needs to know about the model: layer count, KV heads and head dimension."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def from_config(cls, model_config: Any) -> "ModelShape":
+        config = model_config.get_text_config(decoder=True) if hasattr(model_config, "get_text_config") else model_config
+        try:
+            num_layers = int(config.num_hidden_layers)
+            num_heads = int(config.num_attention_heads)
+        except AttributeError as error:
+            raise ValueError(f"model config lacks {error.name}: need num_hidden_layers and num_attention_heads") from error
+        num_kv_heads = int(getattr(config, "num_key_value_heads", None) or num_heads)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        return cls(num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=int(head_dim))
+
+
+def _build_full(shape: ModelShape, fp_dtype: torch.dtype | None = None) -> CompressedCache:
+    layers = [FullPrecisionLayer(index, fp_dtype=fp_dtype) for index in range(shape.num_layers)]
+    return CompressedCache(layers, method="full", options={})
+
+
+_BUILDERS: dict[str, Callable[..., CompressedCache]] = {"full": _build_full}
+
+
+def register_method(name: str, builder: Callable[..., CompressedCache]) -> None:
+    """Register ``builder(shape: ModelShape, **options) -> CompressedCache`` under ``name``."""
+    _BUILDERS[name] = builder
+
+
+def available_methods() -> list[str]:
+    return sorted(_BUILDERS)
+
+
+def build_cache(method: str, model_config: Any, **options: Any) -> CompressedCache:
+    """A fresh cache of ``method`` for a model with ``model_config`` (a transformers config or ModelShape).
+
+    Options are those of the method's builder (see each module); unknown names raise ``ValueError``.
+    """
+    if method not in _BUILDERS:
+        raise ValueError(f"unknown KV cache method {method!r}; available: {available_methods()}")
+    shape = model_config if isinstance(model_config, ModelShape) else ModelShape.from_config(model_config)
+    try:
+        return _BUILDERS[method](shape, **options)
+    except TypeError as error:
+        raise ValueError(f"bad options for KV cache method {method!r}: {error}") from error
+
+
+@contextlib.contextmanager
+def attach(model: torch.nn.Module, cache: CompressedCache) -> Iterator[CompressedCache]:
+    """Install what ``cache`` needs on ``model`` for the duration of the block (hooks are removed after)."""
+    needs_queries = any(getattr(layer, "needs_window_queries", False) for layer in cache.layers)
+    if not needs_queries:
+        yield cache
+        return
+    from turboquant.kvcache.eviction import capture_window_queries
+
+    with capture_window_queries(model, cache):
+        yield cache
