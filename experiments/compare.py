@@ -153,6 +153,7 @@ def latest_runs(results_dir: str | Path) -> dict[str, ExperimentRun]:
             continue
         latest = max(records, key=lambda r: r["updated"])
         rows = frame[frame["config_id"] == latest["config_id"]].reset_index(drop=True)
+        rows.attrs["provenance"] = latest.get("provenance", {})
         config = latest.get("config", {})
         runs[directory.name] = ExperimentRun(
             experiment=directory.name,

@@ -8,9 +8,10 @@ Layout under ``<results_dir>/<experiment>/``::
 
 Identity of a result
     ``config_id`` is a short hash of the *result-relevant* part of the config (by default everything
-    except ``paths`` and ``hydra``; an experiment may narrow it with a module-level ``RESULT_KEYS``).
-    A *unit* is the smallest piece of work an experiment can redo on its own (e.g. one
-    ``(method, bits)`` pair); its ``unit_id`` hashes ``config_id`` together with the unit's keys.
+    except ``paths`` and ``hydra``; an experiment narrows it with a module-level ``RESULT_KEYS``: the
+    config values that change its numbers but are not unit keys, so extending a sweep keeps the
+    finished units). A *unit* is the smallest piece of work an experiment can redo on its own (e.g.
+    one ``(method, bits)`` pair); its ``unit_id`` hashes ``config_id`` together with the unit's keys.
     A unit is done exactly when ``results.csv`` holds rows with its ``unit_id``; rows and "done" are
     therefore written in one atomic file replacement, so a killed run never leaves a half-written unit
     and never records a unit as done without its rows.
@@ -243,9 +244,21 @@ class ResultStore:
             merged = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
             _atomic_write_text(self.csv_path, merged.to_csv(index=False))
 
-    def frame(self, all_configs: bool = False) -> pd.DataFrame:
-        """Rows of this run's config (``all_configs=True``: every row ever stored for this experiment)."""
+    def frame(self, units: Sequence[Mapping[str, Any]] | None = None, all_configs: bool = False) -> pd.DataFrame:
+        """Rows of this run's config, optionally only those of ``units`` (``all_configs=True``: every row).
+
+        ``frame.attrs["provenance"]`` carries :meth:`provenance` (what data/model was actually used), so
+        a ``plot(df, cfg, figures_dir)`` can title its figure with it.
+        """
         df = self._read_csv()
-        if not all_configs:
+        if all_configs:
+            if units is not None:
+                raise ValueError("units select rows of this config; they cannot be combined with all_configs")
+        else:
             df = df[df["config_id"] == self.config_id]
-        return df.reset_index(drop=True)
+            if units is not None:
+                df = df[df["unit_id"].isin({self.unit_id(unit) for unit in units})]
+        df = df.reset_index(drop=True)
+        df.attrs["provenance"] = self.provenance()
+        df.attrs["config_id"] = self.config_id
+        return df

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -36,13 +37,12 @@ STYLE: dict[str, object] = {
     "legend.frameon": False,
 }
 
-#: One colour per method name, the same in every figure.
+#: One colour per method name (the config's ``methods`` entries), the same in every figure.
 METHOD_COLORS: dict[str, str] = {
-    "turboquant_mse": "#1f77b4",
-    "turboquant_prod": "#d62728",
+    "mse": "#1f77b4",  # TurboQuant_mse
+    "prod": "#d62728",  # TurboQuant_prod
     "qjl": "#9467bd",
-    "bound_upper": "#555555",
-    "bound_lower": "#999999",
+    "bound": "#444444",
 }
 
 
@@ -53,11 +53,18 @@ def figure_style() -> Iterator[None]:
         yield
 
 
-def figure_title(what: str, dataset_description: str, substitution: str | None = None) -> str:
-    """A title naming what is plotted and the data actually used (and any substitution)."""
-    title = f"{what}\n{dataset_description}"
-    if substitution:
-        title += f"\n(substitution: {substitution})"
+def figure_title(what: str, provenance: Mapping[str, Any]) -> str:
+    """A title naming what is plotted and the data actually used (and any substitution).
+
+    ``provenance`` is what the experiment recorded with ``store.record_provenance`` (it reaches
+    ``plot`` as ``df.attrs["provenance"]``): ``description`` (or ``dataset``) and ``substitution``.
+    """
+    used = provenance.get("description") or provenance.get("dataset")
+    if not used:
+        raise ValueError("provenance names no data: record_provenance(description=..., ...) before plotting")
+    title = f"{what}\n{used}"
+    if provenance.get("substitution"):
+        title += f"\nsubstitution: {provenance['substitution']}"
     return title
 
 

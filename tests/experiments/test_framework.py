@@ -1,0 +1,163 @@
+"""The experiment framework: config composition, the resumable result store, figures, run.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+import run
+from experiments.io import ResultStore, experiment_sizes
+from experiments.plotting import figure_title, save_figure
+
+REPO = Path(run.__file__).resolve().parent
+CONFIGS = REPO / "configs"
+EXPERIMENT_CONFIGS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
+
+
+def compose_config(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
+@pytest.mark.parametrize("name", EXPERIMENT_CONFIGS)
+@pytest.mark.parametrize("scale", ["quick", "paper"])
+def test_every_experiment_config_composes(name: str, scale: str) -> None:
+    cfg = compose_config([f"experiment={name}", f"scale={scale}"])
+    assert cfg.experiment.name == name, "experiment.name must equal the config file's name (run.py imports it)"
+    if "sizes" in cfg.experiment:
+        assert experiment_sizes(cfg) is not None
+    assert (REPO / "experiments" / f"{name}.py").exists(), f"configs/experiment/{name}.yaml has no module"
+
+
+def test_default_config_points_at_existing_groups() -> None:
+    cfg = compose_config([])
+    assert cfg.dataset.name == "dbpedia_minilm"
+    assert cfg.quantizer.seed == cfg.seed
+    assert cfg.paths.results_dir == "results" and cfg.paths.figures_dir == "figures"
+
+
+def test_experiment_sizes_rejects_a_scale_without_sizes() -> None:
+    cfg = compose_config(["experiment=distortion", "scale.name=laptop"])
+    with pytest.raises(ValueError, match="laptop"):
+        experiment_sizes(cfg)
+
+
+CONFIG = {"experiment": {"name": "toy", "sizes": {"quick": {"n": 3}}}, "dataset": {"name": "toy_data"},
+          "scale": {"name": "quick"}, "seed": 0, "paths": {"results_dir": "/somewhere"}}
+
+
+def test_store_saves_resumes_and_separates_configs(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path, "toy", CONFIG)
+    unit = {"method": "mse", "bits": 1}
+    assert not store.is_done(unit)
+    store.save_unit(unit, [{"quantity": "a", "value": 1.5}, {"quantity": "b", "value": 2.5}])
+    assert store.is_done({"bits": 1, "method": "mse"}), "unit identity must not depend on key order"
+    assert not store.is_done({"method": "mse", "bits": 2})
+
+    df = store.frame()
+    assert list(df["value"]) == [1.5, 2.5]
+    assert set(df["dataset"]) == {"toy_data"} and set(df["method"]) == {"mse"} and set(df["bits"]) == {1}
+
+    # a store for the same experiment and config (a resumed run) sees the unit as done
+    assert ResultStore(tmp_path, "toy", json.loads(json.dumps(CONFIG))).is_done(unit)
+    # output paths do not change the results' identity
+    moved = {**CONFIG, "paths": {"results_dir": "/elsewhere"}}
+    assert ResultStore(tmp_path, "toy", moved).config_id == store.config_id
+    # a changed result-relevant value is a different config: not done, and its frame holds no old rows
+    other = ResultStore(tmp_path, "toy", {**CONFIG, "seed": 1})
+    assert other.config_id != store.config_id and not other.is_done(unit) and other.frame().empty
+    assert len(other.frame(all_configs=True)) == 2
+
+    # another experiment lives in its own folder
+    ResultStore(tmp_path, "other_toy", CONFIG).save_unit(unit, [{"value": 9.0}])
+    assert len(store.frame()) == 2
+    assert (tmp_path / "toy" / "config.json").exists() and (tmp_path / "toy" / "runs" / f"{store.config_id}.json").exists()
+
+
+def test_store_result_keys_keep_finished_units_when_the_sweep_grows(tmp_path: Path) -> None:
+    keys = ("dataset", "seed", "experiment.sizes")
+    small = ResultStore(tmp_path, "toy", {**CONFIG, "experiment": {**CONFIG["experiment"], "bits": [1]}}, keys)
+    small.save_unit({"bits": 1}, [{"value": 1.0}])
+    grown = ResultStore(tmp_path, "toy", {**CONFIG, "experiment": {**CONFIG["experiment"], "bits": [1, 2]}}, keys)
+    assert grown.is_done({"bits": 1}) and not grown.is_done({"bits": 2})
+    grown.save_unit({"bits": 2}, [{"value": 2.0}])
+    assert list(grown.frame([{"bits": 2}])["value"]) == [2.0]
+    with pytest.raises(ValueError, match="not in the config"):
+        ResultStore(tmp_path, "toy", CONFIG, ("no.such.key",))
+
+
+def test_store_rewrites_a_unit_whole_and_rejects_bad_input(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path, "toy", CONFIG)
+    store.save_unit({"bits": 1}, [{"value": 1.0}])
+    store.save_unit({"bits": 1}, [{"value": 3.0}])
+    assert list(store.frame()["value"]) == [3.0]
+    with pytest.raises(ValueError, match="no rows"):
+        store.save_unit({"bits": 2}, [])
+    with pytest.raises(ValueError, match="clash"):
+        store.save_unit({"config_id": "x"}, [{"value": 1.0}])
+    with pytest.raises(ValueError, match="contradict"):
+        store.save_unit({"bits": 3}, [{"bits": 4}])
+    with pytest.raises(ValueError, match="experiment name"):
+        ResultStore(tmp_path, "../escape", CONFIG)
+
+
+def test_store_reads_hash_ids_back_as_strings(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path, "toy", CONFIG)
+    store.config_id = "012345678901"  # an all-digit hash must survive the CSV round trip
+    store.context["config_id"] = store.config_id
+    store.save_unit({"bits": 1}, [{"value": 1.0}])
+    assert store.is_done({"bits": 1}) and len(store.frame()) == 1
+
+
+def test_provenance_reaches_the_frame(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path, "toy", CONFIG)
+    store.record_provenance(description="toy vectors", substitution="stand-in")
+    store.save_unit({"bits": 1}, [{"value": 1.0}])
+    provenance = store.frame().attrs["provenance"]
+    assert provenance["description"] == "toy vectors"
+    assert "toy vectors" in figure_title("What", provenance) and "stand-in" in figure_title("What", provenance)
+    with pytest.raises(ValueError, match="names no data"):
+        figure_title("What", {})
+
+
+def test_save_figure_writes_png_and_pdf(tmp_path: Path) -> None:
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    paths = save_figure(fig, tmp_path / "figs", "a figure/name")
+    assert [p.suffix for p in paths] == [".png", ".pdf"]
+    assert all(p.exists() and p.stat().st_size > 0 and p.parent == tmp_path / "figs" for p in paths)
+
+
+def test_run_helpers() -> None:
+    assert run.resolve_path("results") == REPO / "results"
+    assert run.resolve_path("/abs/results") == Path("/abs/results")
+    with pytest.raises(ValueError, match="unknown experiment"):
+        run.load_experiment("no_such_experiment")
+
+
+def test_hydra_multirun_appends_jobs_to_one_store(tmp_path: Path) -> None:
+    """The real CLI: a two-job multirun writes one CSV, and each job's figures to its own folder."""
+    results, figures = tmp_path / "results", tmp_path / "figures"
+    command = [
+        sys.executable, str(REPO / "run.py"), "-m", "experiment=distortion", "dataset=random_sphere",
+        "dataset.dim=16", "experiment.sizes.quick.n_base=200", "experiment.sizes.quick.n_queries=10",
+        "experiment.bits=[1]", "quantizer.rotation=haar,hadamard",
+        f"paths.results_dir={results}", f"paths.figures_dir={figures}", f"hydra.sweep.dir={tmp_path / 'multirun'}",
+    ]
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    df = pd.read_csv(results / "distortion" / "results.csv")
+    assert sorted(df["rotation"].unique()) == ["hadamard", "haar"] and len(df) == 4
+    assert len(list((results / "distortion" / "runs").glob("*.json"))) == 2
+    pngs = sorted(p.relative_to(figures).as_posix() for p in figures.rglob("*.png"))
+    assert len(pngs) == 2 and all(p.startswith("multirun/distortion/") for p in pngs), pngs
+    assert (tmp_path / "multirun").exists()
