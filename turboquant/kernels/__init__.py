@@ -1,0 +1,56 @@
+"""Triton kernels for TurboQuant, each beside its exact PyTorch reference.
+
+=====================  =========================================================================
+op                     entry point (module)
+=====================  =========================================================================
+quantize (Alg. 1)      :func:`quantize_mse_triton` (``quantize``): vectors -> packed codes + norms
+scores                 :func:`mse_scores_triton` (``scores``): <q, k~> for packed keys, q rotated
+decode attention       :func:`decode_attention_triton` (``decode_attention``): flash-decoding over a
+                       packed K/V cache, GQA, split-KV, variable lengths
+=====================  =========================================================================
+
+Every kernel reads and writes the library's packed layout (``turboquant.pack_codes``), so the
+quantizer classes can hand their tensors to a kernel without conversion. Importing this package does
+not import Triton; the entry points do, on first use. :func:`triton_available` says whether a kernel
+can run on a device (a CUDA device with Triton installed, or any device under ``TRITON_INTERPRET=1``,
+Triton's CPU interpreter, which the tests use).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+
+import torch
+
+__all__ = [
+    "triton_available",
+    "quantize_mse_triton",
+    "mse_scores_triton",
+    "decode_attention_triton",
+]
+
+
+def triton_available(device: torch.device | str) -> bool:
+    """True when the Triton kernels can run on tensors of ``device``."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
+_ENTRY_POINTS = {
+    "quantize_mse_triton": "quantize",
+    "mse_scores_triton": "scores",
+    "decode_attention_triton": "decode_attention",
+}
+
+
+def __getattr__(name: str):
+    """Import an entry point's module (and Triton) on first access."""
+    if name in _ENTRY_POINTS:
+        module = importlib.import_module(f".{_ENTRY_POINTS[name]}", __name__)
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

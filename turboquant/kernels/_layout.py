@@ -1,0 +1,107 @@
+"""Bit layout shared by the Triton kernels, and the device-side helpers that read and write it.
+
+The kernels read and write the library's packed layout unchanged (``turboquant.packing``): a
+little-endian bit stream, code ``j`` of a vector occupying bits ``[j*b, (j+1)*b)`` of its row, the
+row padded to whole bytes. No conversion is needed between the torch path and the kernels.
+
+The kernels view a row as ``n_groups`` *groups*: the smallest run of whole bytes that holds whole
+codes (``lcm(b, 8)`` bits).
+
+====  =================  =================
+ b    bytes per group    codes per group
+====  =================  =================
+ 1    1                  8
+ 2    1                  4
+ 3    3                  8
+ 4    1                  2
+====  =================  =================
+
+Code ``k`` of group ``g`` is coordinate ``g * codes_per_group + k`` and sits at bit ``k * b`` of the
+group's little-endian word. A kernel loads a tile of words ``(rows, groups)``, shifts it by
+``k * b`` for every ``k`` at once (a 3-D ``(rows, codes_per_group, groups)`` tensor) and flattens
+it to ``(rows, codes_per_group * groups)``: the coordinates come out in *stream order*, position
+``k * groups + g`` holding coordinate ``g * codes_per_group + k``. Rather than shuffling codes back
+into coordinate order, every kernel reads or writes its other operand (the query, the rotation
+matrix, the output) at the stream-order offsets, so a tile of codes goes to ``tl.dot`` as loaded,
+with no shuffles and with 16-byte loads for b = 1, 2, 4 (one byte per group).
+"""
+from __future__ import annotations
+
+import math
+
+import triton
+import triton.language as tl
+
+SUPPORTED_BITS = (1, 2, 3, 4)
+
+
+def group_geometry(bits: int) -> tuple[int, int]:
+    """Return ``(bytes_per_group, codes_per_group)`` for ``bits``-bit codes (``lcm(bits, 8)`` bits)."""
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"the Triton kernels support bits in {SUPPORTED_BITS}, got {bits}")
+    group_bits = math.lcm(bits, 8)
+    return group_bits // 8, group_bits // bits
+
+
+def packed_row_bytes(dim: int, bits: int) -> int:
+    """Bytes of one packed row of ``dim`` codes: ``ceil(dim * bits / 8)`` (as ``turboquant.pack_codes``)."""
+    return -(-dim * bits // 8)
+
+
+def num_groups(dim: int, bits: int) -> int:
+    """Groups per row (the last may be partial)."""
+    return -(-dim // group_geometry(bits)[1])
+
+
+def pow2_at_least(n: int, floor: int = 16) -> int:
+    """Smallest power of two ``>= max(n, floor)`` (tile sizes; ``tl.dot`` needs every side >= 16)."""
+    return max(floor, triton.next_power_of_2(n))
+
+
+@triton.jit
+def stream_coordinates(g_offs, CODES_PER_GROUP: tl.constexpr):
+    """Coordinate of each stream-order position for groups ``g_offs``: shape (CODES_PER_GROUP * len(g_offs),)."""
+    k = tl.arange(0, CODES_PER_GROUP)
+    coords = g_offs[None, :] * CODES_PER_GROUP + k[:, None]
+    return tl.reshape(coords, (CODES_PER_GROUP * g_offs.shape[0],))
+
+
+@triton.jit
+def load_group_words(row_ptrs, row_mask, g_offs, row_bytes, BYTES_PER_GROUP: tl.constexpr):
+    """Little-endian words of groups ``g_offs`` of the rows at ``row_ptrs``: int32 (rows, groups).
+
+    Bytes past ``row_bytes`` (and masked rows) read as 0.
+    """
+    word = tl.zeros((row_ptrs.shape[0], g_offs.shape[0]), dtype=tl.int32)
+    for i in tl.static_range(BYTES_PER_GROUP):
+        col = g_offs * BYTES_PER_GROUP + i
+        mask = row_mask[:, None] & (col < row_bytes)[None, :]
+        byte = tl.load(row_ptrs[:, None] + col[None, :], mask=mask, other=0)
+        word = word | (byte.to(tl.int32) << (8 * i))
+    return word
+
+
+@triton.jit
+def words_to_stream_codes(word, BITS: tl.constexpr, CODES_PER_GROUP: tl.constexpr):
+    """Split words (rows, groups) into codes in stream order: int32 (rows, CODES_PER_GROUP * groups)."""
+    shifts = tl.arange(0, CODES_PER_GROUP) * BITS
+    codes = (word[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1)
+    return tl.reshape(codes, (word.shape[0], CODES_PER_GROUP * word.shape[1]))
+
+
+@triton.jit
+def stream_codes_to_words(codes, BITS: tl.constexpr, CODES_PER_GROUP: tl.constexpr):
+    """Inverse of :func:`words_to_stream_codes`: codes (rows, CODES_PER_GROUP * groups) -> words (rows, groups)."""
+    n_groups: tl.constexpr = codes.shape[1] // CODES_PER_GROUP
+    codes3 = tl.reshape(codes, (codes.shape[0], CODES_PER_GROUP, n_groups))
+    shifts = tl.arange(0, CODES_PER_GROUP) * BITS
+    return tl.sum(codes3 << shifts[None, :, None], axis=1)
+
+
+@triton.jit
+def store_group_words(row_ptrs, row_mask, g_offs, row_bytes, word, BYTES_PER_GROUP: tl.constexpr):
+    """Write words (rows, groups) as little-endian bytes; bytes past ``row_bytes`` are not written."""
+    for i in tl.static_range(BYTES_PER_GROUP):
+        col = g_offs * BYTES_PER_GROUP + i
+        mask = row_mask[:, None] & (col < row_bytes)[None, :]
+        tl.store(row_ptrs[:, None] + col[None, :], ((word >> (8 * i)) & 255).to(tl.uint8), mask=mask)
