@@ -19,3 +19,9 @@ __all__ = [
     "build_cache",
     "register_method",
 ]
+
+# Importing the method modules registers them with the factory.
+from turboquant.kvcache import eviction as _eviction  # noqa: E402,F401
+from turboquant.kvcache import kivi as _kivi  # noqa: E402,F401
+from turboquant.kvcache import polarquant as _polarquant  # noqa: E402,F401
+from turboquant.kvcache import turboquant_cache as _turboquant_cache  # noqa: E402,F401

@@ -19,6 +19,7 @@ measured ratio afterwards.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -51,6 +52,7 @@ class ModelShape:
 
 
 def _build_full(shape: ModelShape, fp_dtype: torch.dtype | None = None) -> CompressedCache:
+    """The 16-bit reference cache (takes no memory option: its ratio is 1 by definition)."""
     layers = [FullPrecisionLayer(index, fp_dtype=fp_dtype) for index in range(shape.num_layers)]
     return CompressedCache(layers, method="full", options={})
 
@@ -71,12 +73,18 @@ def build_cache(method: str, model_config: Any, **options: Any) -> CompressedCac
     """A fresh cache of ``method`` for a model with ``model_config`` (a transformers config or ModelShape).
 
     Options are those of the method's builder (see each module); unknown names raise ``ValueError``.
+    ``context_length`` (the prompt length, when known) lets the quantizers count their 16-bit windows when
+    choosing a configuration for ``memory_ratio``; builders that do not use it (the eviction methods measure
+    the prompt itself) do not receive it.
     """
     if method not in _BUILDERS:
         raise ValueError(f"unknown KV cache method {method!r}; available: {available_methods()}")
     shape = model_config if isinstance(model_config, ModelShape) else ModelShape.from_config(model_config)
+    builder = _BUILDERS[method]
+    if "context_length" not in inspect.signature(builder).parameters:
+        options.pop("context_length", None)
     try:
-        return _BUILDERS[method](shape, **options)
+        return builder(shape, **options)
     except TypeError as error:
         raise ValueError(f"bad options for KV cache method {method!r}: {error}") from error
 

@@ -1,0 +1,299 @@
+"""Token eviction by observation-window attention: SnapKV (Li et al. 2024, arXiv 2404.14469) and PyramidKV
+(Cai et al. 2024, arXiv 2406.02069).
+
+SnapKV, as its paper and reference code do it, once at the end of the prefill of an ``n``-token prompt and
+independently in every layer and KV head:
+
+1. the *observation window* is the last ``w`` prompt tokens (``w = 32``); their queries attend (causally,
+   softmax over all ``n`` keys, scale ``1/sqrt(d)``) to the prompt;
+2. the attention of the ``w`` window queries to each of the ``n - w`` prefix keys is summed over the window
+   ("votes"), then smoothed by a 1-D max-pool of kernel 7 (stride 1, same padding) so that neighbours of an
+   important token are kept with it;
+3. the ``budget - w`` prefix tokens with the highest pooled votes are kept (in their original order) together
+   with the window; everything else is dropped for good. Tokens generated later are appended unmodified.
+
+With grouped-query attention the votes of the query heads sharing a KV head are averaged (as the
+GQA-aware ports do; SnapKV's own code repeats the KV heads instead, which stores them once per query head).
+
+PyramidKV uses the same scoring and selection but gives lower layers more tokens than higher ones: with an
+average of ``C = budget - w`` selected prefix tokens per layer, layer ``l`` of ``L`` selects
+``max - l * (max - min) / (L - 1)`` with ``min = C / beta``, ``max = 2C - min`` (``beta = 20``; if ``max``
+exceeds ``n - w`` it is clamped there and ``min = 2C - max``), rounded so that the total over layers is
+exactly ``L * C`` — the same memory as SnapKV at the same budget.
+
+The window queries. ``transformers`` hands the cache only keys and values, so :func:`capture_window_queries`
+(used by ``factory.attach``) registers a forward *pre*-hook on every attention module: during the prefill it
+recomputes the queries of the last ``w`` tokens from the module's own input with its own ``q_proj`` (and
+``q_norm`` where the model has one) and the RoPE ``(cos, sin)`` the decoder passes to it, i.e. exactly the
+queries the attention is about to use, and hands them to the cache layer, whose ``update`` then scores and
+evicts. No model code is forked; the cost is one ``w``-row query projection per layer.
+
+``budget`` is in tokens per layer (SnapKV's ``max_capacity_prompt``, window included); by default it is
+``floor(memory_ratio * n)`` with ``memory_ratio = 0.25``. If the budget is not above the window, the window
+shrinks to ``budget // 2`` (SnapKV requires ``budget > w``; this only matters for prompts under ~4w tokens).
+
+Bytes of one layer storing ``m`` tokens (kept prompt tokens + generated ones)::
+
+    nbytes = 2 * B * H * m * d * 2
+
+Prompts shorter than the budget are kept whole. Only batch size 1 (SnapKV's own setting) is supported
+with PyramidKV under eager attention; with SDPA (the default) decoding works for any per-layer lengths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from turboquant.kvcache.base import CompressedCache, CompressedLayer, tensor_nbytes
+from turboquant.kvcache.factory import ModelShape, register_method
+
+POOLINGS = ("maxpool", "avgpool")
+
+
+def observation_votes(
+    window_queries: torch.Tensor, keys: torch.Tensor, kernel_size: int, pooling: str
+) -> torch.Tensor:
+    """Pooled attention votes of the window over the prefix, per KV head: ``(batch, kv_heads, n - w)``.
+
+    ``window_queries``: ``(batch, q_heads, w, d)`` (RoPE applied); ``keys``: ``(batch, kv_heads, n, d)``.
+    The window's own block is causally masked, the softmax runs over all ``n`` keys (SnapKV step 1-2).
+    """
+    batch, q_heads, window, dim = window_queries.shape
+    kv_heads, n = keys.shape[1], keys.shape[2]
+    group = q_heads // kv_heads
+    queries = window_queries.float().reshape(batch, kv_heads, group, window, dim)
+    logits = torch.einsum("bhgwd,bhnd->bhgwn", queries, keys.float()) / math.sqrt(dim)
+    causal = torch.ones(window, window, dtype=torch.bool, device=keys.device).triu(1)
+    logits[..., n - window:] = logits[..., n - window:].masked_fill(causal, float("-inf"))
+    votes = logits.softmax(dim=-1)[..., : n - window].sum(dim=3)  # (batch, kv_heads, group, n - w)
+    flat = votes.reshape(batch, kv_heads * group, n - window)
+    if pooling == "maxpool":
+        flat = F.max_pool1d(flat, kernel_size, stride=1, padding=kernel_size // 2)
+    else:
+        flat = F.avg_pool1d(flat, kernel_size, stride=1, padding=kernel_size // 2, count_include_pad=False)
+    return flat.reshape(batch, kv_heads, group, -1).mean(dim=2)
+
+
+def snapkv_select(
+    keys: torch.Tensor, values: torch.Tensor, window_queries: torch.Tensor, keep: int, window: int,
+    kernel_size: int, pooling: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the ``keep - window`` top-voted prefix tokens (original order) plus the last ``window`` tokens."""
+    n = keys.shape[2]
+    votes = observation_votes(window_queries[:, :, -window:], keys, kernel_size, pooling)
+    chosen = votes.topk(keep - window, dim=-1).indices.sort(dim=-1).values
+    index = chosen.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+    kept_keys = torch.cat([keys[:, :, : n - window].gather(2, index), keys[:, :, n - window:]], dim=2)
+    kept_values = torch.cat([values[:, :, : n - window].gather(2, index), values[:, :, n - window:]], dim=2)
+    return kept_keys, kept_values
+
+
+def split_window(budget: int, window_size: int) -> int:
+    """The observation window used at a given budget: ``window_size``, or ``budget // 2`` if the budget is smaller."""
+    return window_size if budget > window_size else max(1, budget // 2)
+
+
+def pyramid_selected_counts(average_selected: int, prefix_tokens: int, num_layers: int, beta: float) -> list[int]:
+    """PyramidKV's per-layer numbers of selected prefix tokens (arithmetic, decreasing, summing to L*C)."""
+    if num_layers == 1:
+        return [min(average_selected, prefix_tokens)]
+    low = average_selected / beta
+    high = 2 * average_selected - low
+    if high > prefix_tokens:
+        high = prefix_tokens
+        low = 2 * average_selected - high
+    raw = [high - layer * (high - low) / (num_layers - 1) for layer in range(num_layers)]
+    counts = [min(prefix_tokens, max(0, math.floor(value))) for value in raw]
+    # largest-remainder rounding so that the total is exactly num_layers * average_selected
+    missing = num_layers * average_selected - sum(counts)
+    order = sorted(range(num_layers), key=lambda layer: raw[layer] - math.floor(raw[layer]), reverse=True)
+    for layer in order:
+        if missing <= 0:
+            break
+        if counts[layer] < prefix_tokens:
+            counts[layer] += 1
+            missing -= 1
+    return counts
+
+
+BudgetFn = Callable[[int, int], tuple[int, int]]  # (layer_idx, prompt tokens) -> (kept tokens, window)
+
+
+class EvictionLayer(CompressedLayer):
+    """Keeps the prompt tokens chosen by observation-window votes at the prefill, then appends new tokens."""
+
+    needs_window_queries = True
+
+    def __init__(
+        self, layer_idx: int, budget_fn: BudgetFn, kernel_size: int, pooling: str, window_size: int,
+        fp_dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(layer_idx, fp_dtype)
+        self.budget_fn, self.kernel_size, self.pooling = budget_fn, kernel_size, pooling
+        self.window_size = window_size
+        self.window_queries: torch.Tensor | None = None
+        self.prompt_tokens = 0
+
+    def _initialize(self) -> None:
+        shape = (self.batch_size, self.num_heads, 0, self.head_dim)
+        self.keys = torch.empty(shape, dtype=self.fp_dtype, device=self.device)
+        self.values = torch.empty(shape, dtype=self.fp_dtype, device=self.device)
+
+    def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys.to(self.compute_dtype), self.values.to(self.compute_dtype)
+
+    def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        if self.seen_tokens == 0:
+            self.prompt_tokens = key_states.shape[2]
+            key_states, value_states = self._evict_prompt(key_states, value_states)
+        self.keys = torch.cat([self.keys, key_states.to(self.fp_dtype)], dim=-2)
+        self.values = torch.cat([self.values, value_states.to(self.fp_dtype)], dim=-2)
+
+    def _evict_prompt(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keep, window = self.budget_fn(self.layer_idx, keys.shape[2])
+        window_queries, self.window_queries = self.window_queries, None
+        if keep >= keys.shape[2]:
+            return keys, values
+        if window_queries is None or window_queries.shape[2] < window:
+            raise ValueError(
+                f"{type(self).__name__} needs the observation-window queries at the prefill: run the model inside "
+                "`with turboquant.kvcache.attach(model, cache):`"
+            )
+        return snapkv_select(keys, values, window_queries, keep, window, self.kernel_size, self.pooling)
+
+    def stored_tokens(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.keys, self.values) if self.is_initialized else 0
+
+    def expected_nbytes(self) -> int:
+        return self.fp_bytes(self.stored_tokens()) if self.is_initialized else 0
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+def window_queries_of(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddings, window: int) -> torch.Tensor:
+    """The RoPE-applied queries ``(batch, q_heads, w, d)`` of the last ``window`` tokens, as ``module`` computes them."""
+    batch, tokens, _ = hidden_states.shape
+    window = min(window, tokens)
+    queries = module.q_proj(hidden_states[:, -window:]).view(batch, window, -1, module.head_dim)
+    if getattr(module, "q_norm", None) is not None:
+        queries = module.q_norm(queries)
+    queries = queries.transpose(1, 2)
+    cos, sin = position_embeddings
+    cos, sin = cos[:, -window:].unsqueeze(1), sin[:, -window:].unsqueeze(1)
+    return queries * cos + _rotate_half(queries) * sin
+
+
+def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    modules = [m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "layer_idx") and hasattr(m, "head_dim")]
+    if not modules:
+        raise ValueError(
+            "found no attention modules with q_proj/layer_idx/head_dim (Llama/Mistral/Qwen layout) to capture "
+            "SnapKV observation-window queries from"
+        )
+    return modules
+
+
+@contextlib.contextmanager
+def capture_window_queries(model: torch.nn.Module, cache: CompressedCache) -> Iterator[None]:
+    """Pre-hooks that hand each eviction layer its window queries during the prefill (removed on exit)."""
+    if getattr(cache, "per_layer_budgets", False) and getattr(model.config, "_attn_implementation", "sdpa") == "eager":
+        raise ValueError("PyramidKV's per-layer cache lengths need SDPA attention, not eager (masks are shared by layers)")
+
+    def pre_hook(module, args, kwargs):
+        layer = cache.layers[module.layer_idx]
+        if not getattr(layer, "needs_window_queries", False) or layer.seen_tokens > 0:
+            return None
+        hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        with torch.no_grad():
+            layer.window_queries = window_queries_of(
+                module, hidden_states, kwargs["position_embeddings"], layer.window_size
+            )
+        return None
+
+    handles = [m.register_forward_pre_hook(pre_hook, with_kwargs=True) for m in _attention_modules(model)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _token_budget(prompt_tokens: int, budget: int | None, memory_ratio: float | None) -> int:
+    return budget if budget is not None else math.floor(memory_ratio * prompt_tokens)
+
+
+def _validate(budget: int | None, memory_ratio: float | None, window_size: int, kernel_size: int, pooling: str) -> None:
+    if budget is not None and memory_ratio is not None:
+        raise ValueError("give budget= (tokens per layer) or memory_ratio=, not both")
+    if budget is not None and budget < 2:
+        raise ValueError(f"budget must be at least 2 tokens, got {budget}")
+    if memory_ratio is not None and not 0 < memory_ratio <= 1:
+        raise ValueError(f"memory_ratio must be in (0, 1], got {memory_ratio}")
+    if window_size < 1 or kernel_size < 1 or kernel_size % 2 == 0:
+        raise ValueError(f"need window_size >= 1 and an odd kernel_size, got {window_size}, {kernel_size}")
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+
+
+def build_snapkv_cache(
+    shape: ModelShape, budget: int | None = None, memory_ratio: float | None = None, window_size: int = 32,
+    kernel_size: int = 7, pooling: str = "maxpool", fp_dtype: torch.dtype | None = None,
+) -> CompressedCache:
+    """SnapKV keeping ``budget`` prompt tokens per layer (default ``floor(0.25 * n)``)."""
+    if budget is None and memory_ratio is None:
+        memory_ratio = 0.25
+    _validate(budget, memory_ratio, window_size, kernel_size, pooling)
+
+    def budget_fn(layer_idx: int, prompt_tokens: int) -> tuple[int, int]:
+        keep = _token_budget(prompt_tokens, budget, memory_ratio)
+        return keep, split_window(keep, window_size)
+
+    layers = [EvictionLayer(i, budget_fn, kernel_size, pooling, window_size, fp_dtype) for i in range(shape.num_layers)]
+    options = {"budget": budget, "memory_ratio": memory_ratio, "window_size": window_size,
+               "kernel_size": kernel_size, "pooling": pooling}
+    return CompressedCache(layers, method="snapkv", options=options)
+
+
+def build_pyramidkv_cache(
+    shape: ModelShape, budget: int | None = None, memory_ratio: float | None = None, window_size: int = 32,
+    kernel_size: int = 7, pooling: str = "maxpool", beta: float = 20.0, fp_dtype: torch.dtype | None = None,
+) -> CompressedCache:
+    """PyramidKV with an *average* of ``budget`` prompt tokens per layer (same total as SnapKV)."""
+    if budget is None and memory_ratio is None:
+        memory_ratio = 0.25
+    _validate(budget, memory_ratio, window_size, kernel_size, pooling)
+    if beta < 1:
+        raise ValueError(f"PyramidKV beta must be >= 1, got {beta}")
+    plans: dict[int, list[int]] = {}
+
+    def budget_fn(layer_idx: int, prompt_tokens: int) -> tuple[int, int]:
+        keep = _token_budget(prompt_tokens, budget, memory_ratio)
+        window = split_window(keep, window_size)
+        if keep >= prompt_tokens:
+            return keep, window
+        if prompt_tokens not in plans:
+            plans[prompt_tokens] = pyramid_selected_counts(keep - window, prompt_tokens - window, shape.num_layers, beta)
+        return plans[prompt_tokens][layer_idx] + window, window
+
+    layers = [EvictionLayer(i, budget_fn, kernel_size, pooling, window_size, fp_dtype) for i in range(shape.num_layers)]
+    options = {"budget": budget, "memory_ratio": memory_ratio, "window_size": window_size,
+               "kernel_size": kernel_size, "pooling": pooling, "beta": beta}
+    cache = CompressedCache(layers, method="pyramidkv", options=options)
+    cache.per_layer_budgets = True
+    return cache
+
+
+register_method("snapkv", build_snapkv_cache)
+register_method("pyramidkv", build_pyramidkv_cache)

@@ -1,0 +1,138 @@
+"""An append-only quantized token stream with a full-precision residual window (keys or values of one layer).
+
+Tokens enter a 16-bit residual buffer; a *flush policy* decides how many of the oldest buffered tokens are
+handed to an :class:`Encoder` and stored as packed fields:
+
+- ``"block"`` (KIVI keys, the authors' TurboQuant code): when the buffer holds ``R`` or more tokens, the oldest
+  ``floor(r / R) * R`` are quantized, so between 0 and ``R - 1`` recent tokens stay in 16 bits ("the last <128
+  tokens kept in fp16"); ``R = 0`` quantizes every token as soon as it is written;
+- ``"sliding"`` (KIVI values): the ``R`` most recent tokens stay in 16 bits, older ones are quantized one by
+  one as they leave the window.
+
+The stored fields are tensors whose dim 2 is the token (or token-group) axis, concatenated chunk by chunk.
+On the torch path, each flushed chunk is decoded once into a *workspace* that attention reads; it is computed
+from the stored fields (never from the original inputs), so it equals decoding the whole store at every
+step (``keep_workspace=False`` does exactly that; the tests check both agree bit for bit). The workspace is
+an artefact of materialising keys for a stock attention function and is not counted in ``nbytes``: a fused
+decode kernel (``turboquant.kernels`` on CUDA) reads the packed fields directly. ``decode_fn`` is that hook.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable
+
+import torch
+
+from turboquant.kvcache.base import tensor_nbytes
+
+FLUSH_POLICIES = ("block", "sliding")
+Fields = dict[str, torch.Tensor]
+
+
+class Encoder(ABC):
+    """Turns ``(batch, heads, tokens, dim)`` chunks into packed fields and back."""
+
+    def prepare(self, prefill: torch.Tensor) -> None:
+        """Fit data-dependent side information on the first chunk written (the prefill); default: nothing."""
+
+    @abstractmethod
+    def encode(self, x: torch.Tensor) -> Fields:
+        """Packed fields of the chunk ``x`` (float32); every field has the token (group) axis at dim 2."""
+
+    @abstractmethod
+    def decode(self, fields: Fields) -> torch.Tensor:
+        """``(batch, heads, tokens, dim)`` float32 reconstruction of concatenated fields."""
+
+    def side_nbytes(self) -> int:
+        """Bytes of per-stream side information (e.g. outlier channel indices), 0 by default."""
+        return 0
+
+
+def tokens_to_flush(buffered: int, residual_length: int, policy: str) -> int:
+    """How many of the oldest ``buffered`` 16-bit tokens the policy quantizes now (see module docstring)."""
+    if policy == "block":
+        return buffered if residual_length == 0 else (buffered // residual_length) * residual_length
+    return max(0, buffered - residual_length)
+
+
+def quantized_and_residual(tokens: int, residual_length: int, policy: str) -> tuple[int, int]:
+    """``(quantized, 16-bit)`` token counts after ``tokens`` tokens were written, in any chunking."""
+    quantized = tokens_to_flush(tokens, residual_length, policy)
+    return quantized, tokens - quantized
+
+
+class QuantizedStream:
+    """Residual buffer + packed store + decoded workspace for one tensor stream of one layer."""
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        residual_length: int,
+        policy: str,
+        fp_dtype: torch.dtype,
+        compute_dtype: torch.dtype,
+        keep_workspace: bool = True,
+        decode_fn: Callable[[Encoder, Fields], torch.Tensor] | None = None,
+    ) -> None:
+        if policy not in FLUSH_POLICIES:
+            raise ValueError(f"flush policy must be one of {FLUSH_POLICIES}, got {policy!r}")
+        if residual_length < 0:
+            raise ValueError(f"residual_length must be >= 0, got {residual_length}")
+        self.encoder = encoder
+        self.residual_length = residual_length
+        self.policy = policy
+        self.fp_dtype = fp_dtype
+        self.compute_dtype = compute_dtype
+        self.keep_workspace = keep_workspace
+        self.decode_fn = decode_fn or (lambda encoder, fields: encoder.decode(fields))
+        self.fields: Fields | None = None
+        self.residual: torch.Tensor | None = None
+        self.workspace: torch.Tensor | None = None
+        self.quantized_tokens = 0
+        self._prepared = False
+
+    @property
+    def residual_tokens(self) -> int:
+        return 0 if self.residual is None else self.residual.shape[-2]
+
+    @property
+    def tokens(self) -> int:
+        return self.quantized_tokens + self.residual_tokens
+
+    def append(self, x: torch.Tensor) -> None:
+        """Write new tokens ``(batch, heads, n, dim)``: buffer them in 16 bits, then flush per the policy."""
+        if not self._prepared:
+            self.encoder.prepare(x.float())
+            self._prepared = True
+        stored = x.to(self.fp_dtype)
+        self.residual = stored if self.residual is None else torch.cat([self.residual, stored], dim=-2)
+        flush = tokens_to_flush(self.residual.shape[-2], self.residual_length, self.policy)
+        if flush == 0:
+            return
+        chunk, self.residual = self.residual[:, :, :flush], self.residual[:, :, flush:]
+        fields = self.encoder.encode(chunk.float())
+        self.fields = fields if self.fields is None else {
+            name: torch.cat([self.fields[name], value], dim=2) for name, value in fields.items()
+        }
+        self.quantized_tokens += flush
+        if self.keep_workspace:
+            decoded = self.decode_fn(self.encoder, fields).to(self.compute_dtype)
+            self.workspace = decoded if self.workspace is None else torch.cat([self.workspace, decoded], dim=-2)
+
+    def read(self) -> torch.Tensor:
+        """All stored tokens, decoded, oldest first, in the compute dtype."""
+        parts = []
+        if self.quantized_tokens:
+            parts.append(self.workspace if self.keep_workspace else self.decode_fn(self.encoder, self.fields).to(self.compute_dtype))
+        if self.residual_tokens:
+            parts.append(self.residual.to(self.compute_dtype))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+    def packed_nbytes(self) -> int:
+        """Bytes of the quantized fields only."""
+        return tensor_nbytes(*self.fields.values()) if self.fields else 0
+
+    def nbytes(self) -> int:
+        """Stored bytes: packed fields + 16-bit residual + the encoder's side information."""
+        return self.packed_nbytes() + tensor_nbytes(self.residual) + self.encoder.side_nbytes()
