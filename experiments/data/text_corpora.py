@@ -67,11 +67,15 @@ def read_dbpedia_titles(package_folder: Path) -> list[str]:
         raise ValueError(f"no DBpedia title files (dto/ent/n*/*/trie_*.py) under {package_folder}")
     titles: dict[str, None] = {}
     for file in tqdm(files, desc="reading DBpedia titles", unit="file"):
-        source = file.read_text(encoding="utf-8")
-        trie = ast.literal_eval(source[source.index("=") + 1 :].strip())
-        for group in trie.values():
-            titles.update(dict.fromkeys(group))
+        titles.update(dict.fromkeys(read_title_file(file)))
     return list(titles)
+
+
+def read_title_file(file: Path) -> list[str]:
+    """The titles in one ``trie_*.py`` file: ``d_trie_xy = {'<key>': ['title', ...], ...}``."""
+    source = file.read_text(encoding="utf-8")
+    trie = ast.literal_eval(source[source.index("=") + 1 :].strip())
+    return [title for group in trie.values() for title in group]
 
 
 def sample_hotpotqa_paragraphs(n: int, sample_seed: int) -> TextSample:
