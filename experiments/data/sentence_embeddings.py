@@ -45,7 +45,13 @@ class ShippedSentenceTransformer:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         if self._model is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            from sentence_transformers import SentenceTransformer
+            try:
+                from sentence_transformers import SentenceTransformer
+            except ImportError as err:
+                raise ModuleNotFoundError(
+                    f"{self.name} needs sentence-transformers: `pip install sentence-transformers` (check with "
+                    f"`pip install --dry-run` first that it keeps the installed torch)", name="sentence_transformers"
+                ) from err
 
             self._model = SentenceTransformer(str(self.package.folder() / self.model_subdir), device="cpu")
         return self._model.encode(list(texts), batch_size=BATCH_SIZE, convert_to_numpy=True).astype(np.float32)

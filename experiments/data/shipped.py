@@ -40,6 +40,7 @@ class ShippedPackage:
         return Path(next(iter(spec.submodule_search_locations)))
 
     def version(self) -> str:
+        self.folder()  # the clear error with the install command if it is absent
         return importlib.metadata.version(self.distribution)
 
     def provenance(self) -> dict[str, str]:
