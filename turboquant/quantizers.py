@@ -1,0 +1,471 @@
+"""TurboQuant_mse (Algorithm 1), QJL (Definition 1) and TurboQuant_prod (Algorithm 2).
+
+All three quantize vectors of any norm: ‖x‖ is stored as a float32 and the unit vector x/‖x‖ is what
+the algorithms see (paper, Section 3: "store ‖x‖ in floating point and rescale"); a zero vector is
+stored with norm 0 and reconstructed exactly. Inputs may have any leading batch shape and be float16,
+bfloat16 or float32; arithmetic is float32. Work is chunked over vectors so memory stays bounded.
+
+Notation (paper): Π a random rotation, c the Lloyd-Max codebook of the rotated coordinates (Eq. 4),
+S a d×d matrix of i.i.d. N(0, 1) entries.
+
+* TurboQuant_mse(b):   idx_j = argmin_k |(Πx)_j − c_k|,   x̃ = Πᵀ c[idx].
+* QJL:                 z = sign(Sx),   x̃ = √(π/2)/d · Sᵀz   (unbiased: E x̃ = x, Lemma 4).
+* TurboQuant_prod(b):  TurboQuant_mse(b−1), residual r = x − x̃_mse, store (idx, sign(Sr), ‖r‖),
+                       x̃ = x̃_mse + √(π/2)/d · ‖r‖ · Sᵀ sign(Sr)   (unbiased for inner products, Thm. 2).
+
+``inner_product(y, q)`` estimates ⟨y, x⟩ for every query y and stored x without reconstructing x̃ in the
+original basis: the query is rotated (and sketched by S) once, and the stored codes are decoded to
+centroid values chunk by chunk, so the cost is one (m×d)·(d×n) product instead of n rotations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from .codebook import MAX_BITS, Codebook, lloyd_max_codebook
+from .packing import pack_codes, packed_size, unpack_codes
+from .rotation import ROTATION_KINDS, Rotation, make_rotation
+
+__all__ = ["QuantizedVectors", "TurboQuantMSE", "TurboQuantProd", "QJL"]
+
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_DEFAULT_CHUNK = 16384
+_NORM_DTYPE = torch.float32
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedVectors:
+    """What a quantizer stores for a batch of vectors of leading shape ``shape``.
+
+    Attributes:
+        codes: uint8 (*shape, ⌈d·mse_bits/8⌉), packed TurboQuant_mse indices (empty for pure QJL).
+        norms: float32 (*shape), ‖x‖.
+        qjl_signs: uint8 (*shape, ⌈d/8⌉), packed sign bits of S·r (TurboQuant_prod) or S·x (QJL), else None.
+        residual_norms: float32 (*shape), ‖r‖ of the unit vector's residual (TurboQuant_prod), else None.
+        dim: d.  bits: total bits per coordinate of the codes (mse_bits + 1 with QJL).
+        mse_bits: bits of the MSE stage (0 for pure QJL).
+        signature: the settings of the quantizer that made these codes; decoding with other settings
+            is refused.
+        dtype: the dtype of the input, returned by ``dequantize``.
+    """
+
+    codes: torch.Tensor
+    norms: torch.Tensor
+    qjl_signs: torch.Tensor | None
+    residual_norms: torch.Tensor | None
+    dim: int
+    bits: int
+    mse_bits: int
+    signature: str
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        """Leading batch shape: one entry per stored vector."""
+        return self.norms.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.norms.device
+
+    def __len__(self) -> int:
+        return self.shape[0] if len(self.shape) else 1
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return tuple(t for t in (self.codes, self.norms, self.qjl_signs, self.residual_norms) if t is not None)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes really stored: packed codes, sign bits and the float norms."""
+        return sum(t.numel() * t.element_size() for t in self._tensors())
+
+    @property
+    def bits_per_coordinate(self) -> float:
+        """nbytes · 8 / (number of vectors · d): the true rate, norms and byte padding included."""
+        count = self.norms.numel()
+        return self.nbytes * 8 / (count * self.dim) if count else float("nan")
+
+    def __getitem__(self, index) -> "QuantizedVectors":
+        """Index or slice the leading batch dimensions (like indexing ``x[index]``)."""
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[index]
+        norms = self.norms[index]
+        if norms.ndim == 0:
+            raise IndexError("indexing must keep a batch dimension; use a slice (e.g. qv[i:i+1])")
+        return replace(self, codes=pick(self.codes), norms=norms, qjl_signs=pick(self.qjl_signs),
+                       residual_norms=pick(self.residual_norms))
+
+    def to(self, device: torch.device | str) -> "QuantizedVectors":
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+        return replace(self, codes=move(self.codes), norms=move(self.norms), qjl_signs=move(self.qjl_signs),
+                       residual_norms=move(self.residual_norms))
+
+    def flatten(self) -> "QuantizedVectors":
+        """The same vectors with the leading shape flattened to (n,)."""
+        count = self.norms.numel()
+
+        def flat(t: torch.Tensor | None, trailing: bool) -> torch.Tensor | None:
+            if t is None:
+                return None
+            return t.reshape(count, t.shape[-1]) if trailing else t.reshape(count)
+        return replace(self, codes=flat(self.codes, True), norms=flat(self.norms, False),
+                       qjl_signs=flat(self.qjl_signs, True), residual_norms=flat(self.residual_norms, False))
+
+    @staticmethod
+    def cat(parts: "list[QuantizedVectors]", dim: int = 0) -> "QuantizedVectors":
+        """Concatenate along a leading batch dimension (all parts from the same quantizer)."""
+        if not parts:
+            raise ValueError("cat needs at least one QuantizedVectors")
+        first = parts[0]
+        if any(p.signature != first.signature for p in parts):
+            raise ValueError("cannot concatenate codes from quantizers with different settings")
+        if dim < 0:
+            dim += len(first.shape)
+        if not 0 <= dim < len(first.shape):
+            raise ValueError(f"dim {dim} is not a batch dimension of shape {tuple(first.shape)}")
+
+        def join(name: str) -> torch.Tensor | None:
+            tensors = [getattr(p, name) for p in parts]
+            return None if tensors[0] is None else torch.cat(tensors, dim=dim)
+        return replace(first, codes=join("codes"), norms=join("norms"), qjl_signs=join("qjl_signs"),
+                       residual_norms=join("residual_norms"))
+
+
+def _derive_seed(seed: int, stage: str) -> int:
+    """An independent seed for a sub-stage (e.g. QJL's S inside TurboQuant_prod)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{stage}".encode()).digest()[:7], "little")
+
+
+def _check_dim(dim: int) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2:
+        raise ValueError(f"dim must be an integer ≥ 2, got {dim!r}")
+    return dim
+
+
+def _check_bits(bits: int, low: int, high: int, name: str) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, int) or not low <= bits <= high:
+        raise ValueError(f"{name} supports bits in [{low}, {high}], got {bits!r}")
+    return bits
+
+
+class _VectorQuantizer:
+    """Input validation, norm handling and chunking shared by the three quantizers."""
+
+    dim: int
+    bits: int
+    mse_bits: int
+    device: torch.device
+    chunk_size: int
+
+    @property
+    def signature(self) -> str:
+        raise NotImplementedError
+
+    def _validated(self, x: torch.Tensor, name: str = "x") -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in _SUPPORTED_DTYPES:
+            raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+        if x.ndim == 0 or x.shape[-1] != self.dim:
+            raise ValueError(f"{name} must have last dimension {self.dim}, got shape {tuple(x.shape)}")
+        if x.numel() and not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} contains NaN or Inf")
+        return x
+
+    def _check_codes(self, q: QuantizedVectors) -> None:
+        if not isinstance(q, QuantizedVectors):
+            raise ValueError(f"expected QuantizedVectors, got {type(q).__name__}")
+        if q.signature != self.signature:
+            raise ValueError(f"these codes were made by {q.signature}, not by {self.signature}")
+
+    def _split_norms(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(unit vectors (n, d) float32 on self.device, norms (n,) float32); zero vectors stay zero."""
+        flat = x.reshape(-1, self.dim).to(device=self.device, dtype=torch.float32)
+        norms = torch.linalg.vector_norm(flat, dim=-1)
+        unit = flat / torch.where(norms > 0, norms, torch.ones_like(norms)).unsqueeze(-1)
+        return unit, norms
+
+    def _chunks(self, n: int):
+        for start in range(0, n, self.chunk_size):
+            yield slice(start, min(start + self.chunk_size, n))
+
+    def _queries(self, y: torch.Tensor) -> torch.Tensor:
+        y = self._validated(y, "y")
+        if y.ndim > 2:
+            raise ValueError(f"y must be (m, {self.dim}) or ({self.dim},), got shape {tuple(y.shape)}")
+        return y.reshape(-1, self.dim).to(device=self.device, dtype=torch.float32)
+
+    @staticmethod
+    def _scores_shape(y: torch.Tensor, q: QuantizedVectors, scores: torch.Tensor) -> torch.Tensor:
+        lead = (scores.shape[0],) if y.ndim == 2 else ()
+        return scores.reshape(*lead, *q.shape)
+
+
+class TurboQuantMSE(_VectorQuantizer):
+    """TurboQuant_mse (paper, Algorithm 1): rotate, then quantize each coordinate with Lloyd-Max.
+
+    D_mse = E‖x − x̃‖² of a unit vector equals ``self.codebook.mse`` (for the Haar rotation) and obeys
+    4^(−b) ≤ D_mse ≤ √3·π/2 · 4^(−b) (Theorems 1 and 3).
+
+    Args:
+        dim: d ≥ 2.  bits: b in [1, 8].
+        rotation: ``"haar"`` (the paper's Π) or ``"hadamard"`` (fast substitute).
+        seed: seeds Π.  density: codebook density, ``"exact"`` (f_d) or ``"gaussian"`` (N(0, 1/d)).
+        device: where codes, codebook and rotation live.  chunk_size: vectors processed at a time.
+    """
+
+    def __init__(self, dim: int, bits: int, rotation: str = "haar", seed: int = 0,
+                 device: torch.device | str | None = None, density: str = "exact",
+                 chunk_size: int = _DEFAULT_CHUNK):
+        self.dim = _check_dim(dim)
+        self.bits = self.mse_bits = _check_bits(bits, 1, MAX_BITS, "TurboQuantMSE")
+        self.seed = int(seed)
+        self.density = density
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.chunk_size = int(chunk_size)
+        self.codebook: Codebook = lloyd_max_codebook(self.dim, self.bits, density)
+        self.rotation: Rotation = make_rotation(rotation, self.dim, self.seed, self.device)
+        self._centroids = self.codebook.centroids_tensor(self.device)
+        self._boundaries = self.codebook.boundaries_tensor(self.device)
+
+    @property
+    def signature(self) -> str:
+        return (f"TurboQuantMSE(dim={self.dim}, bits={self.bits}, rotation={self.rotation.kind}, "
+                f"seed={self.seed}, density={self.density})")
+
+    def __repr__(self) -> str:
+        return self.signature
+
+    # -- the two halves of Algorithm 1, on unit vectors (n, d) -------------------------------------
+    def encode_unit(self, unit: torch.Tensor) -> torch.Tensor:
+        """Indices (n, d) uint8 of the nearest centroid of each rotated coordinate (Alg. 1, lines 4-5)."""
+        rotated = self.rotation.apply(unit)
+        return torch.bucketize(rotated, self._boundaries).to(torch.uint8)
+
+    def centroid_values(self, indices: torch.Tensor) -> torch.Tensor:
+        """ỹ = c[idx] (n, d) float32: the reconstruction in the rotated basis."""
+        return self._centroids[indices.long()]
+
+    def decode_unit(self, indices: torch.Tensor) -> torch.Tensor:
+        """x̃ = Πᵀ c[idx] (Alg. 1, lines 8-9) for unit-norm inputs."""
+        return self.rotation.inverse(self.centroid_values(indices))
+
+    # -- public API --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def quantize(self, x: torch.Tensor) -> QuantizedVectors:
+        """Quantize x (…, d) to packed b-bit codes plus float32 norms."""
+        x = self._validated(x)
+        lead = x.shape[:-1]
+        unit, norms = self._split_norms(x)
+        codes = torch.empty(unit.shape[0], packed_size(self.dim, self.bits), dtype=torch.uint8,
+                            device=self.device)
+        for part in self._chunks(unit.shape[0]):
+            codes[part] = pack_codes(self.encode_unit(unit[part]), self.bits)
+        return QuantizedVectors(codes=codes.reshape(*lead, -1), norms=norms.to(_NORM_DTYPE).reshape(lead),
+                                qjl_signs=None, residual_norms=None, dim=self.dim, bits=self.bits,
+                                mse_bits=self.bits, signature=self.signature, dtype=x.dtype)
+
+    def unpack(self, q: QuantizedVectors) -> torch.Tensor:
+        """The centroid indices (…, d) uint8 of stored codes."""
+        self._check_codes(q)
+        return unpack_codes(q.codes, self.bits, self.dim)
+
+    @torch.no_grad()
+    def dequantize(self, q: QuantizedVectors) -> torch.Tensor:
+        """x̃ = ‖x‖ · Πᵀ c[idx], shape (…, d), in the input's dtype."""
+        self._check_codes(q)
+        flat = q.flatten()
+        out = torch.empty(len(flat.norms), self.dim, dtype=torch.float32, device=self.device)
+        for part in self._chunks(out.shape[0]):
+            indices = unpack_codes(flat.codes[part], self.bits, self.dim)
+            out[part] = self.decode_unit(indices) * flat.norms[part].float().unsqueeze(-1)
+        return out.reshape(*q.shape, self.dim).to(q.dtype)
+
+    @torch.no_grad()
+    def inner_product(self, y: torch.Tensor, q: QuantizedVectors) -> torch.Tensor:
+        """Estimates of ⟨y, x⟩: ‖x‖ · ⟨Πy, c[idx]⟩ (Π orthogonal), shape (m, *q.shape) for y (m, d)."""
+        queries = self._queries(y)
+        self._check_codes(q)
+        rotated_queries = self.rotation.apply(queries)
+        flat = q.flatten()
+        scores = torch.empty(queries.shape[0], len(flat.norms), dtype=torch.float32, device=self.device)
+        for part in self._chunks(scores.shape[1]):
+            values = self.centroid_values(unpack_codes(flat.codes[part], self.bits, self.dim))
+            scores[:, part] = (rotated_queries @ values.T) * flat.norms[part].float()
+        return self._scores_shape(y, q, scores)
+
+
+class QJL(_VectorQuantizer):
+    """The 1-bit Quantized Johnson-Lindenstrauss map (paper, Definition 1).
+
+    Q(x) = sign(Sx), Q⁻¹(z) = √(π/2)/d · Sᵀz. For unit x, E⟨y, Q⁻¹(Q(x))⟩ = ⟨y, x⟩ and the variance is at
+    most π/(2d) · ‖y‖² (Lemma 4). The norm ‖x‖ is stored so any x is handled.
+    """
+
+    def __init__(self, dim: int, seed: int = 0, device: torch.device | str | None = None,
+                 chunk_size: int = _DEFAULT_CHUNK):
+        self.dim = _check_dim(dim)
+        self.bits = 1
+        self.mse_bits = 0
+        self.seed = int(seed)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.chunk_size = int(chunk_size)
+        generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        self.matrix = torch.randn(self.dim, self.dim, generator=generator).to(self.device)  # S
+        self.scale = math.sqrt(math.pi / 2) / self.dim
+
+    @property
+    def signature(self) -> str:
+        return f"QJL(dim={self.dim}, seed={self.seed})"
+
+    def __repr__(self) -> str:
+        return self.signature
+
+    def sign_bits(self, vectors: torch.Tensor) -> torch.Tensor:
+        """Packed bits of sign(S v) for v (n, d): bit 1 for ≥ 0 (+1), bit 0 for −1."""
+        return pack_codes((vectors @ self.matrix.T >= 0).to(torch.uint8), 1)
+
+    def signs(self, packed: torch.Tensor) -> torch.Tensor:
+        """±1 float32 (n, d) from packed sign bits."""
+        return unpack_codes(packed, 1, self.dim).float() * 2 - 1
+
+    def sketch(self, queries: torch.Tensor) -> torch.Tensor:
+        """S y for queries (m, d): scores against sign vectors z are then ⟨Sy, z⟩ = ⟨y, Sᵀz⟩."""
+        return queries @ self.matrix.T
+
+    @torch.no_grad()
+    def quantize(self, x: torch.Tensor) -> QuantizedVectors:
+        x = self._validated(x)
+        lead = x.shape[:-1]
+        unit, norms = self._split_norms(x)
+        signs = torch.empty(unit.shape[0], packed_size(self.dim, 1), dtype=torch.uint8, device=self.device)
+        for part in self._chunks(unit.shape[0]):
+            signs[part] = self.sign_bits(unit[part])
+        empty = torch.empty(*lead, 0, dtype=torch.uint8, device=self.device)
+        return QuantizedVectors(codes=empty, norms=norms.to(_NORM_DTYPE).reshape(lead),
+                                qjl_signs=signs.reshape(*lead, -1), residual_norms=None, dim=self.dim,
+                                bits=1, mse_bits=0, signature=self.signature, dtype=x.dtype)
+
+    @torch.no_grad()
+    def dequantize(self, q: QuantizedVectors) -> torch.Tensor:
+        self._check_codes(q)
+        flat = q.flatten()
+        out = torch.empty(len(flat.norms), self.dim, dtype=torch.float32, device=self.device)
+        for part in self._chunks(out.shape[0]):
+            out[part] = self.scale * (self.signs(flat.qjl_signs[part]) @ self.matrix) \
+                * flat.norms[part].float().unsqueeze(-1)
+        return out.reshape(*q.shape, self.dim).to(q.dtype)
+
+    @torch.no_grad()
+    def inner_product(self, y: torch.Tensor, q: QuantizedVectors) -> torch.Tensor:
+        queries = self._queries(y)
+        self._check_codes(q)
+        sketched = self.sketch(queries)
+        flat = q.flatten()
+        scores = torch.empty(queries.shape[0], len(flat.norms), dtype=torch.float32, device=self.device)
+        for part in self._chunks(scores.shape[1]):
+            scores[:, part] = self.scale * (sketched @ self.signs(flat.qjl_signs[part]).T) \
+                * flat.norms[part].float()
+        return self._scores_shape(y, q, scores)
+
+
+class TurboQuantProd(_VectorQuantizer):
+    """TurboQuant_prod (paper, Algorithm 2): (b−1)-bit TurboQuant_mse plus 1-bit QJL on the residual.
+
+    Unbiased: E⟨y, x̃⟩ = ⟨y, x⟩, with D_prod ≤ √3·π²·‖y‖²/d · 4^(−b) (Theorem 2). At b = 1 the MSE stage
+    has no bits, x̃_mse = 0 and this is QJL alone. Π and S are drawn from independent seeds.
+    """
+
+    def __init__(self, dim: int, bits: int, rotation: str = "haar", seed: int = 0,
+                 device: torch.device | str | None = None, density: str = "exact",
+                 chunk_size: int = _DEFAULT_CHUNK):
+        self.dim = _check_dim(dim)
+        self.bits = _check_bits(bits, 1, MAX_BITS, "TurboQuantProd")
+        self.mse_bits = self.bits - 1
+        self.seed = int(seed)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.chunk_size = int(chunk_size)
+        self.rotation_kind = rotation
+        self.density = density
+        if rotation not in ROTATION_KINDS:
+            raise ValueError(f"rotation must be one of {ROTATION_KINDS}, got {rotation!r}")
+        self.mse = (TurboQuantMSE(self.dim, self.mse_bits, rotation, self.seed, self.device, density, chunk_size)
+                    if self.mse_bits else None)
+        self.qjl = QJL(self.dim, _derive_seed(self.seed, "qjl"), self.device, chunk_size)
+
+    @property
+    def rotation(self) -> Rotation | None:
+        return self.mse.rotation if self.mse else None
+
+    @property
+    def codebook(self) -> Codebook | None:
+        return self.mse.codebook if self.mse else None
+
+    @property
+    def signature(self) -> str:
+        return (f"TurboQuantProd(dim={self.dim}, bits={self.bits}, rotation={self.rotation_kind}, "
+                f"seed={self.seed}, density={self.density})")
+
+    def __repr__(self) -> str:
+        return self.signature
+
+    @torch.no_grad()
+    def quantize(self, x: torch.Tensor) -> QuantizedVectors:
+        x = self._validated(x)
+        lead = x.shape[:-1]
+        unit, norms = self._split_norms(x)
+        n = unit.shape[0]
+        codes = torch.empty(n, packed_size(self.dim, self.mse_bits) if self.mse else 0, dtype=torch.uint8,
+                            device=self.device)
+        signs = torch.empty(n, packed_size(self.dim, 1), dtype=torch.uint8, device=self.device)
+        residual_norms = torch.empty(n, dtype=torch.float32, device=self.device)
+        for part in self._chunks(n):
+            residual = unit[part]
+            if self.mse:
+                indices = self.mse.encode_unit(residual)
+                codes[part] = pack_codes(indices, self.mse_bits)
+                residual = residual - self.mse.decode_unit(indices)
+            residual_norms[part] = torch.linalg.vector_norm(residual, dim=-1)
+            signs[part] = self.qjl.sign_bits(residual)
+        return QuantizedVectors(codes=codes.reshape(*lead, -1), norms=norms.to(_NORM_DTYPE).reshape(lead),
+                                qjl_signs=signs.reshape(*lead, -1),
+                                residual_norms=residual_norms.to(_NORM_DTYPE).reshape(lead), dim=self.dim,
+                                bits=self.bits, mse_bits=self.mse_bits, signature=self.signature,
+                                dtype=x.dtype)
+
+    @torch.no_grad()
+    def dequantize(self, q: QuantizedVectors) -> torch.Tensor:
+        """x̃ = ‖x‖ · (Πᵀc[idx] + √(π/2)/d · ‖r‖ · Sᵀ sign(Sr)) (Alg. 2, DeQuant_prod)."""
+        self._check_codes(q)
+        flat = q.flatten()
+        out = torch.empty(len(flat.norms), self.dim, dtype=torch.float32, device=self.device)
+        for part in self._chunks(out.shape[0]):
+            unit = self.qjl.scale * (self.qjl.signs(flat.qjl_signs[part]) @ self.qjl.matrix) \
+                * flat.residual_norms[part].float().unsqueeze(-1)
+            if self.mse:
+                unit = unit + self.mse.decode_unit(unpack_codes(flat.codes[part], self.mse_bits, self.dim))
+            out[part] = unit * flat.norms[part].float().unsqueeze(-1)
+        return out.reshape(*q.shape, self.dim).to(q.dtype)
+
+    @torch.no_grad()
+    def inner_product(self, y: torch.Tensor, q: QuantizedVectors) -> torch.Tensor:
+        """‖x‖ · (⟨Πy, c[idx]⟩ + √(π/2)/d · ‖r‖ · ⟨Sy, sign(Sr)⟩): y is rotated and sketched once."""
+        queries = self._queries(y)
+        self._check_codes(q)
+        sketched = self.qjl.sketch(queries)
+        rotated = self.mse.rotation.apply(queries) if self.mse else None
+        flat = q.flatten()
+        scores = torch.empty(queries.shape[0], len(flat.norms), dtype=torch.float32, device=self.device)
+        for part in self._chunks(scores.shape[1]):
+            unit_scores = self.qjl.scale * (sketched @ self.qjl.signs(flat.qjl_signs[part]).T) \
+                * flat.residual_norms[part].float()
+            if self.mse:
+                values = self.mse.centroid_values(unpack_codes(flat.codes[part], self.mse_bits, self.dim))
+                unit_scores = unit_scores + rotated @ values.T
+            scores[:, part] = unit_scores * flat.norms[part].float()
+        return self._scores_shape(y, q, scores)
