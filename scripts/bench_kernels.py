@@ -311,14 +311,15 @@ def main(argv: list[str] | None = None) -> None:
         n_vectors = 1 << 24
         s_sizes = [(8, 8192), (8, 32768), (32, 32768), (16, 131072)]
         d_sizes = [(1, 8192), (8, 8192), (8, 32768), (32, 32768), (16, 131072)]
-        q_variants = {"bn64 w4": dict(block_n=64, num_warps=4), "bn64 w8": dict(block_n=64, num_warps=8),
-                      "bn128 w8": dict(block_n=128, num_warps=8), "bn32 w4": dict(block_n=32, num_warps=4)}
+        q_variants = {"bn64 w4": dict(block_n=64, num_warps=4), "bn128 w4": dict(block_n=128, num_warps=4),
+                      "bn128 w8": dict(block_n=128, num_warps=8), "bn64 w4 8/SM": dict(programs_per_sm=8)}
         s_variants = {"bn64 w4": dict(block_n=64, num_warps=4), "bn128 w4": dict(block_n=128, num_warps=4),
                       "bn128 w8": dict(block_n=128, num_warps=8), "bn256 w8": dict(block_n=256, num_warps=8),
                       "bn128 w4 bf16-out": dict(block_n=128, num_warps=4, out_dtype=torch.bfloat16),
                       "bn128 w4 no-lookup": dict(block_n=128, num_warps=4, lookup=False)}
-        d_variants = {"bn64 w4": dict(block_n=64, num_warps=4), "bn128 w4": dict(block_n=128, num_warps=4),
-                      "bn128 w8": dict(block_n=128, num_warps=8), "bn64 w4 2x splits": dict(block_n=64, num_warps=4, split_factor=2)}
+        d_variants = {"bn32 w4": dict(block_n=32, num_warps=4), "bn64 w4": dict(block_n=64, num_warps=4),
+                      "bn64 w8": dict(block_n=64, num_warps=8), "bn128 w8": dict(block_n=128, num_warps=8),
+                      "bn64 w4 2x splits": dict(block_n=64, num_warps=4, split_factor=2)}
         copy_bytes = 1 << 31
     copy_bw = copy_bandwidth(timer, device, copy_bytes)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"

@@ -27,8 +27,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ._layout import group_geometry, num_groups, packed_row_bytes, pow2_at_least, stream_coordinates
-from .scores import decode_tile
+from ._layout import (
+    group_geometry,
+    load_group_words,
+    num_groups,
+    packed_row_bytes,
+    pow2_at_least,
+    stream_coordinates,
+    words_to_stream_codes,
+)
+from .scores import decode_codes, stream_queries
 
 
 @triton.jit
@@ -45,6 +53,10 @@ def _decode_split_kernel(
     K_BITS: tl.constexpr, K_BPG: tl.constexpr, K_CPG: tl.constexpr, K_GROUPS: tl.constexpr,
     V_BITS: tl.constexpr, V_BPG: tl.constexpr, V_CPG: tl.constexpr, V_GROUPS: tl.constexpr,
 ):
+    """One (batch row, KV head, split). Logits are kept transposed, (tokens, heads), so decoded keys
+    are the A operand of tl.dot; ``q_ptr`` is the rotated query in stream order (``stream_queries``).
+    Values: 4-bit (two codes per byte) accumulate the even and odd coordinates separately; other
+    widths decode a full value tile in stream order (``words_to_stream_codes``)."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -56,11 +68,8 @@ def _decode_split_kernel(
     head_mask = head_offs < GROUP
     heads = kv_head * GROUP + head_offs
     k_groups = tl.arange(0, K_GROUPS)
-    k_coords = stream_coordinates(k_groups, K_CPG)
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + k_coords[None, :],
-                mask=head_mask[:, None] & (k_coords < dim)[None, :], other=0.0).to(tl.float16)
+    q_cols = q_ptr + b * stride_qb + heads[None, :] * stride_qh
     v_groups = tl.arange(0, V_GROUPS)
-    v_coords = stream_coordinates(v_groups, V_CPG)
 
     k_codes = k_codes_ptr + b * stride_kcb + kv_head * stride_kch
     k_norms = k_norms_ptr + b * stride_knb + kv_head * stride_knh
@@ -69,30 +78,50 @@ def _decode_split_kernel(
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, V_CPG * V_GROUPS), dtype=tl.float32)
+    if V_CPG == 2:
+        acc_even = tl.zeros((BLOCK_M, V_GROUPS), dtype=tl.float32)
+        acc_odd = tl.zeros((BLOCK_M, V_GROUPS), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, V_CPG * V_GROUPS), dtype=tl.float32)
     for n0 in range(start, end, BLOCK_N):
         toks = n0 + tl.arange(0, BLOCK_N)
         tok_mask = toks < end
-        keys = decode_tile(k_codes + toks.to(tl.int64) * stride_kcn, tok_mask, k_groups, k_row_bytes, k_cent_ptr,
-                           K_BITS, K_BPG, K_CPG, True)
+        k_words = load_group_words(k_codes + toks.to(tl.int64) * stride_kcn, tok_mask, k_groups, k_row_bytes, K_BPG)
+        logits = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k in tl.static_range(K_CPG):
+            q_t = tl.load(q_cols + (k * K_GROUPS + k_groups)[:, None], mask=head_mask[None, :], other=0.0)
+            logits = tl.dot(decode_codes(k_words, k_cent_ptr, k, K_BITS, True), q_t, logits)
         k_norm = tl.load(k_norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
-        logits = tl.dot(q, tl.trans(keys)) * (k_norm * scale_log2)[None, :]
-        logits = tl.where(tok_mask[None, :], logits, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(logits, axis=1))
+        logits = logits * (k_norm * scale_log2)[:, None]
+        logits = tl.where(tok_mask[:, None], logits, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(logits, axis=0))
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(logits - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        values = decode_tile(v_codes + toks.to(tl.int64) * stride_vcn, tok_mask, v_groups, v_row_bytes, v_cent_ptr,
-                             V_BITS, V_BPG, V_CPG, True)
+        p = tl.exp2(logits - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
         v_norm = tl.load(v_norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
-        acc = tl.dot((p * v_norm[None, :]).to(tl.float16), values, acc * alpha[:, None])
+        p_t = tl.trans((p * v_norm[:, None]).to(tl.float16))
+        v_rows = v_codes + toks.to(tl.int64) * stride_vcn
+        v_words = load_group_words(v_rows, tok_mask, v_groups, v_row_bytes, V_BPG)
+        if V_CPG == 2:
+            acc_even = tl.dot(p_t, decode_codes(v_words, v_cent_ptr, 0, V_BITS, True), acc_even * alpha[:, None])
+            acc_odd = tl.dot(p_t, decode_codes(v_words, v_cent_ptr, 1, V_BITS, True), acc_odd * alpha[:, None])
+        else:
+            values = tl.load(v_cent_ptr + words_to_stream_codes(v_words, V_BITS, V_CPG))
+            acc = tl.dot(p_t, values, acc * alpha[:, None])
         m_i = m_new
 
     has_tokens = l_i > 0
-    out = acc / tl.where(has_tokens, l_i, 1.0)[:, None]
+    inv_l = 1.0 / tl.where(has_tokens, l_i, 1.0)
     lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
-    part = part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + v_coords[None, :]
-    tl.store(part, out, mask=head_mask[:, None] & (v_coords < dim)[None, :])
+    part = part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps
+    if V_CPG == 2:
+        even = 2 * v_groups
+        tl.store(part + even[None, :], acc_even * inv_l[:, None], mask=head_mask[:, None] & (even < dim)[None, :])
+        tl.store(part + even[None, :] + 1, acc_odd * inv_l[:, None],
+                 mask=head_mask[:, None] & (even + 1 < dim)[None, :])
+    else:
+        v_coords = stream_coordinates(v_groups, V_CPG)
+        tl.store(part + v_coords[None, :], acc * inv_l[:, None], mask=head_mask[:, None] & (v_coords < dim)[None, :])
     tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=head_mask)
 
 
@@ -212,7 +241,9 @@ def decode_attention_triton(
     tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
 
-    q_rot = (q.to(torch.float32) @ rotation.to(device=q.device, dtype=torch.float32).T).contiguous()
+    k_groups = pow2_at_least(num_groups(dim, k_bits))
+    q_rot = q.to(torch.float32) @ rotation.to(device=q.device, dtype=torch.float32).T
+    q_stream = stream_queries(q_rot, k_bits, k_groups)
     codes_norms = []
     for t in (k_codes, k_norms, v_codes, v_norms):
         codes_norms.append(t if t.stride(-1) == 1 else t.contiguous())
@@ -223,15 +254,15 @@ def decode_attention_triton(
     k_cent = k_centroids.to(device=q.device, dtype=torch.float16).contiguous()
     v_cent = v_centroids.to(device=q.device, dtype=torch.float16).contiguous()
     _decode_split_kernel[(batch, n_kv_heads, num_splits)](
-        q_rot, k_codes, k_norms, v_codes, v_norms, seq_lens, k_cent, v_cent, part_out, part_lse,
+        q_stream, k_codes, k_norms, v_codes, v_norms, seq_lens, k_cent, v_cent, part_out, part_lse,
         dim, k_codes.shape[-1], v_codes.shape[-1], tokens_per_split,
-        q_rot.stride(0), q_rot.stride(1),
+        q_stream.stride(0), q_stream.stride(1),
         k_codes.stride(0), k_codes.stride(1), k_codes.stride(2), k_norms.stride(0), k_norms.stride(1),
         v_codes.stride(0), v_codes.stride(1), v_codes.stride(2), v_norms.stride(0), v_norms.stride(1),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         scale * math.log2(math.e),
         GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n,
-        K_BITS=k_bits, K_BPG=k_bpg, K_CPG=k_cpg, K_GROUPS=pow2_at_least(num_groups(dim, k_bits)),
+        K_BITS=k_bits, K_BPG=k_bpg, K_CPG=k_cpg, K_GROUPS=k_groups,
         V_BITS=v_bits, V_BPG=v_bpg, V_CPG=v_cpg, V_GROUPS=pow2_at_least(num_groups(dim, v_bits)),
         num_warps=num_warps,
     )

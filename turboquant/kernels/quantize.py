@@ -32,8 +32,6 @@ from ._layout import (
     num_groups,
     packed_row_bytes,
     pow2_at_least,
-    stream_codes_to_words,
-    stream_coordinates,
     store_group_words,
 )
 
@@ -89,21 +87,21 @@ def _nearest_centroid(y, table_ptr, lut_scale, lut_offset, LUT_MASK: tl.constexp
 @triton.jit
 def _quantize_mse_kernel(
     x_ptr, rot_ptr, table_ptr, codes_ptr, norms_ptr,
-    n_rows, dim, row_bytes, n_groups, stride_x, stride_codes,
+    n_rows, dim, row_bytes, n_groups, groups_padded, stride_x, stride_codes,
     lut_scale, lut_offset,
     BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, LUT_MASK: tl.constexpr,
-    SINGLE_K: tl.constexpr, SINGLE_G: tl.constexpr,
+    SINGLE_K: tl.constexpr,
 ):
-    """Persistent grid over tiles of BLOCK_N rows; rotation tile kept across tiles when it fits."""
+    """Persistent grid over tiles of BLOCK_N rows.
+
+    ``rot_ptr`` is the rotation in stream order (see ``stream_rotation``): (CODES_PER_GROUP, dim,
+    groups_padded), slice k holding the rows ``g * CODES_PER_GROUP + k`` of Pi as columns, so
+    ``x @ rot[k]`` gives code k of every group and the codes are OR-ed into the words directly.
+    """
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(n_rows, BLOCK_N)
     k_offs = tl.arange(0, BLOCK_K)
-    if SINGLE_K and SINGLE_G:
-        g_offs = tl.arange(0, BLOCK_G)
-        coords = stream_coordinates(g_offs, CODES_PER_GROUP)
-        rot = tl.load(rot_ptr + coords[None, :] * dim + k_offs[:, None],
-                      mask=(k_offs[:, None] < dim) & (coords[None, :] < dim), other=0.0)
     for tile in range(pid, n_tiles, tl.num_programs(0)):
         rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         row_mask = rows < n_rows
@@ -121,28 +119,41 @@ def _quantize_mse_kernel(
         norm = tl.sqrt(sum_sq)
         inv_norm = tl.where(norm > 0, 1.0 / tl.maximum(norm, 1e-30), 0.0)
         tl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=row_mask)
+        if SINGLE_K:
+            x_unit = (x * inv_norm[:, None]).to(tl.float16)
         code_rows = codes_ptr + rows.to(tl.int64) * stride_codes
         for g0 in range(0, n_groups, BLOCK_G):
             g_offs = g0 + tl.arange(0, BLOCK_G)
-            if SINGLE_K:
-                if not SINGLE_G:
-                    coords = stream_coordinates(g_offs, CODES_PER_GROUP)
-                    rot = tl.load(rot_ptr + coords[None, :] * dim + k_offs[:, None],
-                                  mask=(k_offs[:, None] < dim) & (coords[None, :] < dim), other=0.0)
-                y = tl.dot((x * inv_norm[:, None]).to(tl.float16), rot)
-            else:
-                coords = stream_coordinates(g_offs, CODES_PER_GROUP)
-                y = tl.zeros((BLOCK_N, BLOCK_G * CODES_PER_GROUP), dtype=tl.float32)
-                for k0 in range(0, dim, BLOCK_K):
-                    kk = k0 + k_offs
-                    xk = tl.load(x_rows[:, None] + kk[None, :],
-                                 mask=row_mask[:, None] & (kk < dim)[None, :], other=0.0).to(tl.float32)
-                    rk = tl.load(rot_ptr + coords[None, :] * dim + kk[:, None],
-                                 mask=(kk[:, None] < dim) & (coords[None, :] < dim), other=0.0)
-                    y = tl.dot((xk * inv_norm[:, None]).to(tl.float16), rk, y)
-            codes = _nearest_centroid(y, table_ptr, lut_scale, lut_offset, LUT_MASK)
-            words = stream_codes_to_words(codes, BITS, CODES_PER_GROUP)
+            words = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.int32)
+            for k in tl.static_range(CODES_PER_GROUP):
+                rot_k = rot_ptr + k * dim * groups_padded + g_offs[None, :]
+                if SINGLE_K:
+                    rot = tl.load(rot_k + k_offs[:, None] * groups_padded, mask=k_offs[:, None] < dim, other=0.0)
+                    y = tl.dot(x_unit, rot)
+                else:
+                    y = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.float32)
+                    for k0 in range(0, dim, BLOCK_K):
+                        kk = k0 + k_offs
+                        xk = tl.load(x_rows[:, None] + kk[None, :],
+                                     mask=row_mask[:, None] & (kk < dim)[None, :], other=0.0).to(tl.float32)
+                        rot = tl.load(rot_k + kk[:, None] * groups_padded, mask=kk[:, None] < dim, other=0.0)
+                        y = tl.dot((xk * inv_norm[:, None]).to(tl.float16), rot, y)
+                codes = _nearest_centroid(y, table_ptr, lut_scale, lut_offset, LUT_MASK)
+                codes = tl.where((g_offs * CODES_PER_GROUP + k < dim)[None, :], codes, 0)
+                words = words | (codes << (BITS * k))
             store_group_words(code_rows, row_mask, g_offs, row_bytes, words, BYTES_PER_GROUP)
+
+
+def stream_rotation(rotation_matrix: torch.Tensor, bits: int, groups_padded: int) -> torch.Tensor:
+    """Pi rearranged for the kernel: fp16 (codes_per_group, dim, groups_padded), [k, i, g] = Pi[g*cpg + k, i].
+
+    Coordinates past ``dim`` (the last group's padding) get zero columns.
+    """
+    dim = rotation_matrix.shape[0]
+    _, codes_per_group = group_geometry(bits)
+    padded = torch.zeros(groups_padded * codes_per_group, dim, dtype=torch.float16, device=rotation_matrix.device)
+    padded[:dim] = rotation_matrix.to(torch.float16)
+    return padded.reshape(groups_padded, codes_per_group, dim).permute(1, 2, 0).contiguous()
 
 
 def _check_inputs(x: torch.Tensor, rotation_matrix: torch.Tensor) -> int:
@@ -198,7 +209,8 @@ def quantize_mse_triton(
     table = table.to(x.device)
     groups = num_groups(dim, bits)
     block_k = pow2_at_least(dim) if dim <= 256 else 128
-    block_g = pow2_at_least(groups, 16) if dim <= 256 else max(16, 128 // codes_per_group)
+    block_g = min(pow2_at_least(groups), 64)
+    groups_padded = triton.cdiv(groups, block_g) * block_g
     n_tiles = triton.cdiv(n_rows, block_n)
     if x.device.type == "cuda":
         n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
@@ -206,12 +218,12 @@ def quantize_mse_triton(
     else:
         grid = (n_tiles,)
     _quantize_mse_kernel[grid](
-        rows, rotation_matrix.to(torch.float16).contiguous(), table, codes, norms,
-        n_rows, dim, row_bytes, groups, rows.stride(0), codes.stride(0),
+        rows, stream_rotation(rotation_matrix, bits, groups_padded), table, codes, norms,
+        n_rows, dim, row_bytes, groups, groups_padded, rows.stride(0), codes.stride(0),
         lut_scale, lut_offset,
         BITS=bits, BYTES_PER_GROUP=bytes_per_group, CODES_PER_GROUP=codes_per_group,
         BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_G=block_g, LUT_MASK=table.numel() - 1,
-        SINGLE_K=dim <= block_k, SINGLE_G=groups <= block_g,
+        SINGLE_K=dim <= block_k,
         num_warps=num_warps,
     )
     return codes.reshape(*lead_shape, row_bytes), norms.reshape(lead_shape)

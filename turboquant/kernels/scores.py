@@ -11,7 +11,9 @@ multiplies it with the query tile on the tensor cores (``tl.dot``, fp32 accumula
 column t by ``n_t * scale``. The only bytes read are the packed codes and norms: at d = 128, b = 4,
 66 bytes per key against 512 for fp32 and 256 for bf16 keys (the blog's "up to 8x" is this ratio).
 
-Codes are consumed in stream order (``_layout``); the query is loaded at the matching offsets.
+Codes are consumed group-wise (``_layout``): for each position k inside a group, the k-th codes of
+all groups are decoded and multiplied with the matching coordinates of the query (permuted once on
+the host, ``stream_queries``), so no codes are shuffled in registers.
 """
 from __future__ import annotations
 
@@ -25,22 +27,17 @@ from ._layout import (
     num_groups,
     packed_row_bytes,
     pow2_at_least,
-    stream_coordinates,
-    words_to_stream_codes,
 )
 
 
 @triton.jit
-def decode_tile(code_rows, row_mask, g_offs, row_bytes, cent_ptr,
-                BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
-                LOOKUP: tl.constexpr):
-    """Centroid values (fp16) of groups ``g_offs`` of the packed rows: (rows, CODES_PER_GROUP * groups), stream order.
+def decode_codes(words, cent_ptr, k: tl.constexpr, BITS: tl.constexpr, LOOKUP: tl.constexpr):
+    """fp16 centroid values of code ``k`` of every group in ``words`` (any shape).
 
-    ``LOOKUP=False`` returns the raw codes as fp16 instead (wrong values): the benchmark uses it to
+    ``LOOKUP=False`` returns the raw code as fp16 instead (wrong values): the benchmark uses it to
     attribute time to the centroid-table lookup.
     """
-    words = load_group_words(code_rows, row_mask, g_offs, row_bytes, BYTES_PER_GROUP)
-    codes = words_to_stream_codes(words, BITS, CODES_PER_GROUP)
+    codes = (words >> (BITS * k)) & ((1 << BITS) - 1)
     if LOOKUP:
         return tl.load(cent_ptr + codes)
     return codes.to(tl.float16)
@@ -49,12 +46,17 @@ def decode_tile(code_rows, row_mask, g_offs, row_bytes, cent_ptr,
 @triton.jit
 def _mse_scores_kernel(
     q_ptr, codes_ptr, norms_ptr, cent_ptr, out_ptr,
-    n_queries, n_keys, dim, row_bytes, n_groups,
+    n_queries, n_keys, row_bytes, n_groups, groups_padded,
     stride_qb, stride_qm, stride_cb, stride_cn, stride_nb, stride_ob, stride_om,
     scale,
     BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, LOOKUP: tl.constexpr,
 ):
+    """Scores transposed, (keys, queries) per tile, so the decoded keys are the A operand of tl.dot as loaded.
+
+    ``q_ptr`` holds the queries in stream order (``stream_queries``): [b, m, k * groups_padded + g]
+    is coordinate g * CODES_PER_GROUP + k.
+    """
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
@@ -62,20 +64,31 @@ def _mse_scores_kernel(
     rows_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = rows_m < n_queries
     mask_n = rows_n < n_keys
-    q_rows = q_ptr + batch * stride_qb + rows_m * stride_qm
+    q_cols = q_ptr + batch * stride_qb + rows_m[None, :] * stride_qm
     code_rows = codes_ptr + batch * stride_cb + rows_n.to(tl.int64) * stride_cn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for g0 in range(0, n_groups, BLOCK_G):
         g_offs = g0 + tl.arange(0, BLOCK_G)
-        coords = stream_coordinates(g_offs, CODES_PER_GROUP)
-        q = tl.load(q_rows[:, None] + coords[None, :], mask=mask_m[:, None] & (coords < dim)[None, :], other=0.0)
-        keys = decode_tile(code_rows, mask_n, g_offs, row_bytes, cent_ptr, BITS, BYTES_PER_GROUP, CODES_PER_GROUP,
-                           LOOKUP)
-        acc = tl.dot(q.to(tl.float16), tl.trans(keys), acc)
+        words = load_group_words(code_rows, mask_n, g_offs, row_bytes, BYTES_PER_GROUP)
+        for k in tl.static_range(CODES_PER_GROUP):
+            keys = decode_codes(words, cent_ptr, k, BITS, LOOKUP)
+            q_t = tl.load(q_cols + (k * groups_padded + g_offs)[:, None], mask=mask_m[None, :], other=0.0)
+            acc = tl.dot(keys, q_t, acc)
     norms = tl.load(norms_ptr + batch * stride_nb + rows_n, mask=mask_n, other=0.0).to(tl.float32)
-    out = acc * (norms * scale)[None, :]
-    out_ptrs = out_ptr + batch * stride_ob + rows_m[:, None] * stride_om + rows_n[None, :]
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    out = acc * (norms * scale)[:, None]
+    out_ptrs = out_ptr + batch * stride_ob + rows_m[None, :] * stride_om + rows_n[:, None]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
+
+
+def stream_queries(q_rot: torch.Tensor, bits: int, groups_padded: int) -> torch.Tensor:
+    """fp16 (..., codes_per_group * groups_padded): [..., k * groups_padded + g] = q_rot[..., g * cpg + k], 0-padded."""
+    dim = q_rot.shape[-1]
+    _, codes_per_group = group_geometry(bits)
+    padded = torch.zeros(*q_rot.shape[:-1], groups_padded * codes_per_group, dtype=torch.float16,
+                         device=q_rot.device)
+    padded[..., :dim] = q_rot
+    grouped = padded.reshape(*q_rot.shape[:-1], groups_padded, codes_per_group)
+    return grouped.transpose(-1, -2).reshape(*q_rot.shape[:-1], -1).contiguous()
 
 
 def _check(q_rot: torch.Tensor, codes: torch.Tensor, norms: torch.Tensor, centroids: torch.Tensor,
@@ -127,8 +140,9 @@ def mse_scores_triton(
     n_keys = codes.shape[1]
     bytes_per_group, codes_per_group = group_geometry(bits)
     groups = num_groups(dim, bits)
-    if q_rot.stride(-1) != 1:
-        q_rot = q_rot.contiguous()
+    block_g = min(pow2_at_least(groups), 128)
+    groups_padded = triton.cdiv(groups, block_g) * block_g
+    q_stream = stream_queries(q_rot, bits, groups_padded)
     if codes.stride(-1) != 1:
         codes = codes.contiguous()
     if norms.stride(-1) != 1:
@@ -137,12 +151,11 @@ def mse_scores_triton(
     if out.numel() == 0:
         return out
     block_m = block_m or min(64, pow2_at_least(n_queries))
-    block_g = min(pow2_at_least(groups), max(16, 256 // codes_per_group))
     grid = (triton.cdiv(n_keys, block_n), triton.cdiv(n_queries, block_m), batch)
     _mse_scores_kernel[grid](
-        q_rot, codes, norms, centroids.to(device=q_rot.device, dtype=torch.float16).contiguous(), out,
-        n_queries, n_keys, dim, codes.shape[-1], groups,
-        q_rot.stride(0), q_rot.stride(1), codes.stride(0), codes.stride(1), norms.stride(0),
+        q_stream, codes, norms, centroids.to(device=q_rot.device, dtype=torch.float16).contiguous(), out,
+        n_queries, n_keys, codes.shape[-1], groups, groups_padded,
+        q_stream.stride(0), q_stream.stride(1), codes.stride(0), codes.stride(1), norms.stride(0),
         out.stride(0), out.stride(1),
         scale,
         BITS=bits, BYTES_PER_GROUP=bytes_per_group, CODES_PER_GROUP=codes_per_group,
