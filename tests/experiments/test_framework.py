@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -34,7 +35,7 @@ def test_every_experiment_config_composes(name: str, scale: str) -> None:
     assert cfg.experiment.name == name, "experiment.name must equal the config file's name (run.py imports it)"
     if "sizes" in cfg.experiment:
         assert experiment_sizes(cfg) is not None
-    assert (REPO / "experiments" / f"{name}.py").exists(), f"configs/experiment/{name}.yaml has no module"
+    assert importlib.util.find_spec(f"experiments.{name}") is not None, f"configs/experiment/{name}.yaml has no module"
 
 
 def test_default_config_points_at_existing_groups() -> None:
@@ -143,6 +144,7 @@ def test_run_helpers() -> None:
         run.load_experiment("no_such_experiment")
 
 
+@pytest.mark.slow
 def test_hydra_multirun_appends_jobs_to_one_store(tmp_path: Path) -> None:
     """The real CLI: a two-job multirun writes one CSV, and each job's figures to its own folder."""
     results, figures = tmp_path / "results", tmp_path / "figures"
@@ -156,7 +158,7 @@ def test_hydra_multirun_appends_jobs_to_one_store(tmp_path: Path) -> None:
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     df = pd.read_csv(results / "distortion" / "results.csv")
-    assert sorted(df["rotation"].unique()) == ["hadamard", "haar"] and len(df) == 4
+    assert set(df["rotation"]) == {"haar", "hadamard"} and len(df) == 4
     assert len(list((results / "distortion" / "runs").glob("*.json"))) == 2
     pngs = sorted(p.relative_to(figures).as_posix() for p in figures.rglob("*.png"))
     assert len(pngs) == 2 and all(p.startswith("multirun/distortion/") for p in pngs), pngs

@@ -1,0 +1,165 @@
+"""Distortion of TurboQuant vs bit width against the paper's bounds (paper Fig. 3, Theorems 1-3).
+
+For unit vectors x (the dataset's, normalised) and unit queries y, per method and bit width b:
+
+    D_mse  = E‖x − x̃‖²                      (Theorem 1: 4^(-b) ≤ D_mse ≤ (√3·π/2)·4^(-b))
+    D_prod = E(⟨y, x⟩ − ⟨y, x̃⟩)²            (Theorem 2: ‖y‖²/d·4^(-b) ≤ D_prod ≤ (√3·π²‖y‖²/d)·4^(-b))
+
+the expectation over all base vectors (D_mse) and all query × vector pairs (D_prod), with ⟨y, x̃⟩ the
+quantizer's inner-product estimate. Alongside, the predictions the paper's analysis makes for these
+very quantizers: D_mse of TurboQuant_mse is its codebook's ``mse`` (Theorem 1's proof, Eq. 4), and
+TurboQuant_prod's QJL stage on the residual r gives d·D_prod = (π/2 − 1/d)·E‖r‖² = (π/2 − 1/d)·D_mse(b−1)
+for queries independent of x (Theorem 2's proof with Lemma 4; ``tq.bounds.prod_distortion``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+import turboquant as tq
+from experiments.io import ResultStore
+from experiments.plotting import METHOD_COLORS, figure_style, figure_title, save_figure
+from experiments.quantized_embeddings import (
+    METHODS,
+    UnitEmbeddings,
+    load_unit_embeddings,
+    make_quantizer,
+    stream_inner_product_errors,
+)
+
+__all__ = ["RESULT_KEYS", "run", "plot", "paper_comparison", "measure_distortion", "predicted_distortion"]
+
+#: Config values that change the numbers but are not unit keys (method and bits are; see experiments.io).
+RESULT_KEYS = ("dataset", "seed", "scale.name", "experiment.sizes", "quantizer.rotation")
+
+
+def predicted_distortion(method: str, dim: int, bits: int) -> dict[str, float]:
+    """The paper's analysis applied to the exact Lloyd-Max codebooks used (NaN where it says nothing).
+
+    TurboQuant_mse: D_mse = codebook(d, b).mse (Theorem 1). TurboQuant_prod: d·D_prod =
+    (π/2 − 1/d)·D_mse(b−1) (Theorem 2 with Lemma 4; ``tq.bounds.prod_distortion``).
+    """
+    if method == "mse":
+        return {"predicted_d_mse": tq.lloyd_max_codebook(dim, bits).mse, "predicted_d_prod_times_d": math.nan}
+    if method == "prod":
+        return {"predicted_d_mse": math.nan, "predicted_d_prod_times_d": dim * tq.bounds.prod_distortion(bits, dim)}
+    raise ValueError(f"unknown method {method!r}; expected one of {sorted(METHODS)}")
+
+
+def measure_distortion(quantizer: Any, data: UnitEmbeddings, pair_chunk: int) -> dict[str, float]:
+    """Measured D_mse, D_prod, d·D_prod and the mean inner-product error (bias) of one quantizer."""
+    quantized = quantizer.quantize(data.base)
+    reconstruction = quantizer.dequantize(quantized).double()
+    d_mse = float(((data.base.double() - reconstruction) ** 2).sum(dim=1).mean())
+
+    sum_error = sum_squared = 0.0
+    n_pairs = 0
+    for block in stream_inner_product_errors(quantizer, quantized, data.base, data.queries, pair_chunk):
+        error = block.error
+        sum_error += float(error.sum())
+        sum_squared += float(np.dot(error.ravel(), error.ravel()))
+        n_pairs += error.size
+    d_prod = sum_squared / n_pairs
+    return {
+        "d_mse": d_mse,
+        "d_prod": d_prod,
+        "d_prod_times_d": d_prod * data.dim,
+        "mean_ip_error": sum_error / n_pairs,
+        "n_pairs": n_pairs,
+    }
+
+
+def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
+    """Measure every (method, bits) unit not yet in the store; return this run's rows."""
+    exp = cfg.experiment
+    units = [{"method": str(method), "bits": int(bits)} for bits in exp.bits for method in exp.methods]
+    todo = [unit for unit in units if not store.is_done(unit)]
+    if todo:
+        data = load_unit_embeddings(cfg)
+        store.record_provenance(**data.provenance())
+        torch.manual_seed(cfg.seed)
+        for unit in tqdm(todo, desc=f"distortion ({data.name}, d={data.dim})", unit="unit"):
+            quantizer = make_quantizer(unit["method"], data.dim, unit["bits"], cfg.quantizer.rotation, cfg.seed)
+            measured = measure_distortion(quantizer, data, int(exp.pair_chunk))
+            row = {
+                **measured,
+                **predicted_distortion(unit["method"], data.dim, unit["bits"]),
+                "dim": data.dim,
+                "n_base": int(data.base.shape[0]),
+                "n_queries": int(data.queries.shape[0]),
+                "rotation": cfg.quantizer.rotation,
+            }
+            store.save_unit(unit, [row])
+    return store.frame(units)
+
+
+def _bound_curves(bits: np.ndarray, dim: int) -> dict[str, np.ndarray]:
+    return {
+        "mse_upper": np.array([tq.bounds.mse_upper_bound(int(b)) for b in bits]),
+        "mse_lower": np.array([tq.bounds.mse_lower_bound(int(b)) for b in bits]),
+        "prod_upper": np.array([tq.bounds.prod_upper_bound(int(b), dim, y_norm=1.0) for b in bits]),
+        "prod_lower": np.array([tq.bounds.prod_lower_bound(int(b), dim, y_norm=1.0) for b in bits]),
+    }
+
+
+def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
+    """Fig. 3: (a) inner-product error D_prod, (b) MSE D_mse, against bits, with the bounds, log y."""
+    if df.empty:
+        raise ValueError("no distortion rows to plot")
+    provenance = df.attrs.get("provenance", {})
+    dim = int(df["dim"].iloc[0])
+    bits = np.sort(df["bits"].unique())
+    bounds = _bound_curves(bits, dim)
+    with figure_style():
+        fig, (ax_prod, ax_mse) = plt.subplots(1, 2, figsize=(9.0, 3.8), constrained_layout=True)
+        for method, label in METHODS.items():
+            rows = df[df["method"] == method].sort_values("bits")
+            if rows.empty:
+                continue
+            color = METHOD_COLORS[method]
+            ax_prod.plot(rows["bits"], rows["d_prod"], "o-", color=color, label=f"{label} (measured)")
+            mse_label = f"{label} (measured)" if method == "mse" else f"{label} (measured; MSE is not its goal)"
+            ax_mse.plot(rows["bits"], rows["d_mse"], "o-" if method == "mse" else "o:", color=color, label=mse_label)
+        for ax, kind, theorem in ((ax_prod, "prod", "Thm. 2"), (ax_mse, "mse", "Thm. 1")):
+            ax.plot(bits, bounds[f"{kind}_upper"], "--", color=METHOD_COLORS["bound"], label=f"upper bound ({theorem})")
+            ax.plot(bits, bounds[f"{kind}_lower"], ":", color=METHOD_COLORS["bound"], label="lower bound (Thm. 3)")
+            ax.set_yscale("log")
+            ax.set_xticks(bits)
+            ax.set_xlabel("bit width b (bits per coordinate)")
+            ax.legend(loc="lower left")
+        ax_prod.set_ylabel(r"inner-product error $D_{prod}=E(\langle y,x\rangle-\langle y,\tilde x\rangle)^2$")
+        ax_prod.set_title(f"(a) inner-product error, ‖y‖ = 1, d = {dim}")
+        ax_mse.set_ylabel(r"MSE $D_{mse}=E\|x-\tilde x\|^2$")
+        ax_mse.set_title("(b) mean squared error, ‖x‖ = 1")
+        fig.suptitle(figure_title("TurboQuant distortion vs bit width (paper Fig. 3)", provenance))
+        return save_figure(fig, figures_dir, f"fig3_distortion_{cfg.dataset.name}")
+
+
+def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """D_mse of TurboQuant_mse and d·D_prod of TurboQuant_prod at b = 1..4 (Theorems 1-2 refined values)."""
+    out = []
+    for method, quantity, column in (("mse", "d_mse", "d_mse"), ("prod", "d_prod_times_d", "d_prod_times_d")):
+        for bits in range(1, 5):
+            rows = df[(df["method"] == method) & (df["bits"] == bits)]
+            if rows.empty:
+                continue
+            row = rows.iloc[0]
+            out.append(
+                {
+                    "id": f"distortion.{quantity}.b{bits}",
+                    "value": float(row[column]),
+                    "detail": (
+                        f"{METHODS[method]}, d={int(row['dim'])}, {int(row['n_base'])} vectors"
+                        + (f" x {int(row['n_queries'])} queries" if method == "prod" else "")
+                    ),
+                }
+            )
+    return out

@@ -1,0 +1,124 @@
+"""distortion / ip_histogram / ip_variance end to end on tiny random-sphere data (paper Figs. 1-3)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+import run
+from experiments import distortion, ip_histogram, ip_variance
+from experiments.compare import load_paper_numbers
+
+CONFIGS = Path(run.__file__).resolve().parent / "configs"
+DIM, N_BASE, N_QUERIES = 64, 1500, 40
+
+
+def tiny_config(tmp_path: Path, experiment: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        return compose(
+            config_name="config",
+            overrides=[
+                f"experiment={experiment}", "dataset=random_sphere", f"dataset.dim={DIM}",
+                f"experiment.sizes.quick.n_base={N_BASE}", f"experiment.sizes.quick.n_queries={N_QUERIES}",
+                "experiment.pair_chunk=7000",  # several chunks, one of them partial
+                f"paths.results_dir={tmp_path / 'results'}", f"paths.figures_dir={tmp_path / 'figures'}",
+                *overrides,
+            ],
+        )
+
+
+def assert_outputs(outputs: run.RunOutputs, experiment: str, n_figures: int = 1) -> pd.DataFrame:
+    assert outputs.results_csv.exists() and outputs.config_json.exists()
+    record = json.loads(outputs.config_json.read_text())
+    assert record["config"]["experiment"]["name"] == experiment
+    assert record["provenance"]["dataset"] == "random_sphere" and record["provenance"]["dim"] == DIM
+    assert sorted(p.suffix for p in outputs.figures) == sorted([".pdf", ".png"] * n_figures)
+    assert all(p.exists() and p.stat().st_size > 0 for p in outputs.figures)
+    return pd.read_csv(outputs.results_csv)
+
+
+def test_distortion_matches_theory_and_bounds_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tiny_config(tmp_path, "distortion", "experiment.bits=[1,2,3]")
+    df = assert_outputs(run.run_experiment(cfg), "distortion")
+    assert len(df) == 6 and set(df["method"]) == {"mse", "prod"}
+    assert (df["n_pairs"] == N_BASE * N_QUERIES).all()
+    for row in df.itertuples():
+        if row.method == "mse":  # Theorem 1: codebook prediction, and between the bounds
+            assert row.d_mse == pytest.approx(row.predicted_d_mse, rel=0.03)
+            assert 4.0 ** -row.bits < row.d_mse < math.sqrt(3) * math.pi / 2 * 4.0 ** -row.bits
+        else:  # Theorem 2: d * D_prod = (pi/2) * D_mse(b-1), unbiased
+            assert row.d_prod_times_d == pytest.approx(row.predicted_d_prod_times_d, rel=0.08)
+            assert abs(row.mean_ip_error) < 4 * math.sqrt(row.d_prod / N_BASE)
+    ids = {item["id"] for item in distortion.paper_comparison(df)}
+    assert ids == {f"distortion.{q}.b{b}" for q in ("d_mse", "d_prod_times_d") for b in (1, 2, 3)}
+    assert ids <= {n.id for n in load_paper_numbers()}
+
+    # resume: a finished unit is never measured again; a grown sweep measures only the new units
+    measured: list[object] = []
+    original = distortion.measure_distortion
+
+    def counting(quantizer, data, pair_chunk):
+        measured.append(quantizer)
+        return original(quantizer, data, pair_chunk)
+
+    monkeypatch.setattr(distortion, "measure_distortion", counting)
+    again = run.run_experiment(cfg)
+    assert measured == [] and again.n_rows == 6
+    grown = run.run_experiment(tiny_config(tmp_path, "distortion", "experiment.bits=[1,2,3,4]"))
+    assert len(measured) == 2 and grown.n_rows == 8
+    assert len(pd.read_csv(grown.results_csv)) == 8
+
+
+def test_ip_histogram_streams_all_pairs(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, "ip_histogram", "experiment.bits=[1,2]", "experiment.n_bins=41")
+    df = assert_outputs(run.run_experiment(cfg), "ip_histogram")
+    summaries = df[(df["record"] == "summary") & (df["pairs"] == "all")]
+    assert len(summaries) == 4
+    for s in summaries.itertuples():
+        bins = df[(df["record"] == "bin") & (df["method"] == s.method) & (df["bits"] == s.bits)]
+        assert len(bins) == 41
+        assert bins["count"].sum() + s.below_range + s.above_range == s.n_pairs == N_BASE * N_QUERIES
+        if s.method == "prod":  # unbiased: no mean error, no dependence on <y, x>
+            assert abs(s.mean_error) < 4 * s.std_error / math.sqrt(N_BASE)
+            assert abs(s.error_slope_on_true_ip) < 0.15
+        else:  # shrinkage towards 0: slope of the error on <y, x> is about -D_mse
+            assert s.error_slope_on_true_ip < -0.5 * 4.0 ** -s.bits
+
+    # the chunked summary equals a single-chunk one
+    whole = tiny_config(tmp_path / "whole", "ip_histogram", "experiment.bits=[1]", "experiment.n_bins=41",
+                        "experiment.pair_chunk=100000000")
+    one = pd.read_csv(run.run_experiment(whole).results_csv)
+    pick = lambda frame: frame[(frame["record"] == "summary") & (frame["bits"] == 1)].sort_values(["method", "pairs"])  # noqa: E731
+    pd.testing.assert_series_equal(pick(one)["mean_squared_error"].reset_index(drop=True),
+                                   pick(df)["mean_squared_error"].reset_index(drop=True), rtol=1e-9)
+    assert {i["id"] for i in ip_histogram.paper_comparison(df)} == {"ip_histogram.prod_mean_error.b1",
+                                                                  "ip_histogram.prod_mean_error.b2"}
+
+
+def test_ip_variance_buckets_by_inner_product(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, "ip_variance", "experiment.n_bins=31", "experiment.quantile_sample_pairs=20000")
+    df = assert_outputs(run.run_experiment(cfg), "ip_variance")
+    summaries = df[df["record"] == "summary"]
+    n_buckets = len(cfg.experiment.bucket_quantiles) - 1
+    assert len(summaries) == 2 * n_buckets and set(summaries["bits"]) == {2}
+    for method, rows in summaries.groupby("method"):
+        rows = rows.sort_values("bucket")
+        assert rows["mean_true_ip"].is_monotonic_increasing
+        assert ((rows["bucket_low"] <= rows["mean_true_ip"]) & (rows["mean_true_ip"] < rows["bucket_high"])).all()
+        covered = rows["n_pairs"].sum() / (N_BASE * N_QUERIES)
+        assert covered == pytest.approx(0.999 - 0.05, abs=0.03)
+    mse = summaries[summaries["method"] == "mse"].sort_values("bucket")
+    assert mse["mean_error"].iloc[-1] < mse["mean_error"].iloc[0], "mse's error shrinks large inner products"
+
+
+def test_bad_inputs_are_named(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path, "distortion", "experiment.methods=[nope]")
+    with pytest.raises(ValueError, match="nope"):
+        run.run_experiment(cfg)
+    with pytest.raises(ValueError, match="bucket_quantiles"):
+        ip_variance.bucket_edges(None, [0.5, 0.2], 100, 0)  # type: ignore[arg-type]
