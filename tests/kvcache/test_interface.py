@@ -1,0 +1,150 @@
+"""Every cache is a working transformers Cache: generation, bookkeeping, byte formulas, memory budgets."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from tests.kvcache.conftest import next_token_logits, relative_error
+from turboquant.kvcache import attach, available_methods, build_cache
+
+EVERY_METHOD = [
+    ("full", {}),
+    ("turboquant", {"bits": 4}),
+    ("turboquant", {"bits": 2.5}),
+    ("turboquant", {"bits": 3, "key_variant": "prod"}),
+    ("turboquant", {"bits": 3.5, "residual_length": 32, "boundary_layers": 1, "rotation": "hadamard"}),
+    ("kivi", {"bits": 2, "residual_length": 64}),
+    ("kivi", {"bits": 5}),
+    ("polarquant", {}),
+    ("polarquant", {"level_bits": (3, 2, 2, 2), "residual_length": 16}),
+    ("snapkv", {}),
+    ("snapkv", {"budget": 100, "pooling": "avgpool", "kernel_size": 5}),
+    ("pyramidkv", {}),
+]
+
+
+def test_every_registered_method_is_exercised():
+    assert {method for method, _ in EVERY_METHOD} == set(available_methods())
+
+
+def test_full_cache_matches_transformers_dynamic_cache(tiny_model, tiny_config, prompt_ids):
+    reference = next_token_logits(tiny_model, prompt_ids, DynamicCache(config=tiny_config))
+    full = next_token_logits(tiny_model, prompt_ids, build_cache("full", tiny_config))
+    assert relative_error(full, reference) < 2e-3  # fp16 storage of K/V is the only difference
+    exact = next_token_logits(tiny_model, prompt_ids, build_cache("full", tiny_config, fp_dtype=torch.float32))
+    assert relative_error(exact, reference) < 1e-5
+
+
+@pytest.mark.parametrize("method, options", EVERY_METHOD, ids=lambda v: str(v))
+def test_generate_runs_and_bytes_match_the_formula(tiny_model, tiny_config, prompt_ids, method, options):
+    cache = build_cache(method, tiny_config, **options)
+    prompt = prompt_ids[:, :200]
+    with attach(tiny_model, cache), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        out = tiny_model.generate(prompt, past_key_values=cache, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    assert out.shape == (1, 206)
+    assert cache.get_seq_length() == 205  # the last generated token is never fed back
+    assert cache.nbytes() == cache.expected_nbytes() > 0
+    for layer in cache.layers:
+        assert layer.nbytes() == layer.expected_nbytes()
+    if method == "full":
+        assert cache.memory_ratio() == 1.0
+    else:
+        assert cache.memory_ratio() < 1.0
+    assert cache.compression_ratio() == pytest.approx(1 / cache.memory_ratio())
+    assert cache.bits_per_value() == pytest.approx(16 * cache.memory_ratio())
+
+
+def test_generation_matches_between_full_and_dynamic_cache(tiny_model, tiny_config, prompt_ids):
+    prompt = prompt_ids[:, :50]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        reference = tiny_model.generate(prompt, past_key_values=DynamicCache(config=tiny_config), max_new_tokens=8,
+                                        do_sample=False)
+        ours = tiny_model.generate(prompt, past_key_values=build_cache("full", tiny_config, fp_dtype=torch.float32),
+                                   max_new_tokens=8, do_sample=False)
+    assert torch.equal(reference, ours)
+
+
+@pytest.mark.parametrize("method, options, tolerance", [
+    ("turboquant", {"bits": 8}, 0.03),
+    ("kivi", {"bits": 8}, 0.01),
+    ("polarquant", {"level_bits": (8, 8, 8, 8)}, 0.03),
+])
+def test_eight_bit_caches_give_logits_close_to_the_full_cache(tiny_model, tiny_config, prompt_ids, method, options,
+                                                              tolerance):
+    reference = next_token_logits(tiny_model, prompt_ids, build_cache("full", tiny_config))
+    quantized = next_token_logits(tiny_model, prompt_ids, build_cache(method, tiny_config, **options))
+    assert relative_error(quantized, reference) < tolerance
+    low_bits = next_token_logits(tiny_model, prompt_ids, build_cache(method, tiny_config, **{
+        "turboquant": {"bits": 2}, "kivi": {"bits": 2, "residual_length": 32},
+        "polarquant": {"level_bits": (2, 1, 1, 1)}}[method]))
+    assert relative_error(low_bits, reference) > 3 * relative_error(quantized, reference)
+
+
+@pytest.mark.parametrize("method, configs", [
+    ("turboquant", [{"bits": b} for b in (2, 3, 4, 5)]),
+    ("turboquant", [{"bits": b, "key_variant": "prod"} for b in (2, 3, 4, 5)]),
+    ("kivi", [{"bits": b, "residual_length": 32} for b in (2, 3, 4, 5)]),
+    ("polarquant", [{"level_bits": bits} for bits in ((2, 1, 1, 1), (3, 2, 2, 2), (4, 3, 3, 3), (6, 4, 4, 4))]),
+])
+def test_attention_input_error_decreases_with_bits(tiny_model, tiny_config, prompt_ids, method, configs):
+    """Relative error of the keys/values read back by attention, and of the logits, shrink with every bit."""
+    reference = next_token_logits(tiny_model, prompt_ids, build_cache("full", tiny_config))
+    key_errors, logit_errors = [], []
+    for options in configs:
+        cache = build_cache(method, tiny_config, **options)
+        logits = next_token_logits(tiny_model, prompt_ids, cache)
+        layer = cache.layers[1]
+        keys, _ = layer._read()
+        exact = build_cache("full", tiny_config, fp_dtype=torch.float32)
+        with torch.no_grad():
+            tiny_model(prompt_ids, past_key_values=exact)
+        exact_keys = exact.layers[1].keys
+        key_errors.append(relative_error(keys, exact_keys))
+        logit_errors.append(relative_error(logits, reference))
+    assert key_errors == sorted(key_errors, reverse=True), key_errors
+    assert logit_errors[-1] < logit_errors[0], logit_errors
+
+
+@pytest.mark.parametrize("method", ["turboquant", "kivi", "polarquant", "snapkv", "pyramidkv"])
+def test_every_method_honours_a_25_percent_budget(tiny_model, tiny_config, method):
+    tokens = 1024
+    ids = torch.randint(0, 256, (1, tokens), generator=torch.Generator().manual_seed(3))
+    cache = build_cache(method, tiny_config, memory_ratio=0.25, context_length=tokens)
+    with torch.no_grad(), attach(tiny_model, cache):
+        tiny_model(ids, past_key_values=cache)
+    assert 0.15 < cache.memory_ratio() <= 0.25
+    assert cache.nbytes() == cache.expected_nbytes()
+
+
+def test_pyramidkv_and_snapkv_store_the_same_total(tiny_model, tiny_config, prompt_ids):
+    stored = {}
+    for method in ("snapkv", "pyramidkv"):
+        cache = build_cache(method, tiny_config, budget=120)
+        with torch.no_grad(), attach(tiny_model, cache):
+            tiny_model(prompt_ids, past_key_values=cache)
+        stored[method] = [layer.stored_tokens() for layer in cache.layers]
+    assert stored["snapkv"] == [120, 120, 120]
+    assert sum(stored["pyramidkv"]) == 360
+    assert stored["pyramidkv"] == sorted(stored["pyramidkv"], reverse=True) and stored["pyramidkv"][0] > 120
+
+
+def test_workspace_equals_decoding_the_packed_store_every_step(tiny_model, tiny_config, prompt_ids):
+    for method, options in (("turboquant", {"bits": 2.5}), ("kivi", {"bits": 3, "residual_length": 32}),
+                            ("polarquant", {})):
+        with_workspace = next_token_logits(tiny_model, prompt_ids, build_cache(method, tiny_config, **options))
+        from_codes = next_token_logits(tiny_model, prompt_ids,
+                                       build_cache(method, tiny_config, keep_workspace=False, **options))
+        assert torch.equal(with_workspace, from_codes), method
+
+
+def test_beam_search_is_refused_clearly(tiny_model, tiny_config, prompt_ids):
+    cache = build_cache("turboquant", tiny_config, bits=4)
+    with pytest.raises(NotImplementedError, match="beam search"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tiny_model.generate(prompt_ids[:, :20], past_key_values=cache, max_new_tokens=3, num_beams=2, do_sample=False)
