@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from tests.kvcache.conftest import next_token_logits, relative_error
+from tests.kvcache.tiny_llama import next_token_logits, relative_error
 from turboquant.kvcache import attach, available_methods, build_cache
 
 EVERY_METHOD = [
@@ -65,7 +65,7 @@ def test_generation_matches_between_full_and_dynamic_cache(tiny_model, tiny_conf
         warnings.simplefilter("ignore", FutureWarning)
         reference = tiny_model.generate(prompt, past_key_values=DynamicCache(config=tiny_config), max_new_tokens=8,
                                         do_sample=False)
-        ours = tiny_model.generate(prompt, past_key_values=build_cache("full", tiny_config, fp_dtype=torch.float32),
+        ours = tiny_model.generate(prompt, cache=build_cache("full", tiny_config, fp_dtype=torch.float32),
                                    max_new_tokens=8, do_sample=False)
     assert torch.equal(reference, ours)
 
@@ -103,7 +103,7 @@ def test_attention_input_error_decreases_with_bits(tiny_model, tiny_config, prom
         keys, _ = layer._read()
         exact = build_cache("full", tiny_config, fp_dtype=torch.float32)
         with torch.no_grad():
-            tiny_model(prompt_ids, past_key_values=exact)
+            tiny_model(prompt_ids, cache=exact)
         exact_keys = exact.layers[1].keys
         key_errors.append(relative_error(keys, exact_keys))
         logit_errors.append(relative_error(logits, reference))
@@ -117,7 +117,7 @@ def test_every_method_honours_a_25_percent_budget(tiny_model, tiny_config, metho
     ids = torch.randint(0, 256, (1, tokens), generator=torch.Generator().manual_seed(3))
     cache = build_cache(method, tiny_config, memory_ratio=0.25, context_length=tokens)
     with torch.no_grad(), attach(tiny_model, cache):
-        tiny_model(ids, past_key_values=cache)
+        tiny_model(ids, cache=cache)
     assert 0.15 < cache.memory_ratio() <= 0.25
     assert cache.nbytes() == cache.expected_nbytes()
 
@@ -127,7 +127,7 @@ def test_pyramidkv_and_snapkv_store_the_same_total(tiny_model, tiny_config, prom
     for method in ("snapkv", "pyramidkv"):
         cache = build_cache(method, tiny_config, budget=120)
         with torch.no_grad(), attach(tiny_model, cache):
-            tiny_model(prompt_ids, past_key_values=cache)
+            tiny_model(prompt_ids, cache=cache)
         stored[method] = [layer.stored_tokens() for layer in cache.layers]
     assert stored["snapkv"] == [120, 120, 120]
     assert sum(stored["pyramidkv"]) == 360

@@ -56,8 +56,15 @@ def angle_range(level: int) -> tuple[float, float]:
 
 @functools.lru_cache(maxsize=None)
 def polar_angle_codebook(level: int, bits: int, grid_points: int = 1 << 15, iterations: int = 300) -> tuple[np.ndarray, np.ndarray]:
-    """Lloyd-Max centroids (``2^bits``) and decision boundaries (``2^bits - 1``) for the level's angle density."""
+    """Lloyd-Max centroids (``2^bits``) and decision boundaries (``2^bits - 1``) for the level's angle density.
+
+    Level 1 is uniform, whose optimal quantizer is the uniform one (cell midpoints); the other levels are solved
+    by Lloyd iterations on a fine grid of the density.
+    """
     low, high = angle_range(level)
+    if level == 1:
+        centroids = low + (high - low) * (np.arange(2**bits) + 0.5) / 2**bits
+        return centroids, (centroids[1:] + centroids[:-1]) / 2
     step = (high - low) / grid_points
     grid = low + step * (np.arange(grid_points) + 0.5)
     weight = angle_density(level, grid)

@@ -1,0 +1,87 @@
+"""TurboQuantCache specifics: presets report true bits, outliers are the top-norm channels, options validate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from turboquant.kvcache import ModelShape, build_cache
+from turboquant.kvcache.turboquant_cache import (TurboQuantCacheConfig, TurboQuantEncoder, nominal_bits_per_value,
+                                                 turboquant_preset)
+
+
+@pytest.mark.parametrize("bits, head_dim, expected", [
+    (2.5, 128, 2.5), (3.5, 128, 3.5),      # 32 of 128 channels + two fp16 norms: exactly the paper's label
+    (2.5, 64, 2.75), (3.5, 64, 3.75),      # 16 of 64 channels: the norms cost twice as much per value
+    (4, 128, 4.125), (3, 64, 3.25),        # integer bits: b + 16/d
+])
+def test_presets_report_their_true_bits(bits, head_dim, expected):
+    config = TurboQuantCacheConfig(**turboquant_preset(bits, head_dim))
+    assert nominal_bits_per_value(config, head_dim) == pytest.approx(expected)
+
+
+def test_the_paper_split_without_norms_is_2_25_bits():
+    config = TurboQuantCacheConfig(**turboquant_preset(2.5, 128))
+    code_bits = sum(m * b for m, b in config.groups(128, "key")) / 128
+    assert code_bits == 2.25
+
+
+def test_outliers_are_the_channels_of_largest_prefill_norm():
+    encoder = TurboQuantEncoder(64, [(16, 3), (48, 2)], "mse", "haar", seed=0, device=torch.device("cpu"))
+    x = torch.randn(1, 2, 50, 64, generator=torch.Generator().manual_seed(0))
+    loud = {0: [3, 9, 60, 61], 1: [0, 1, 2, 40]}
+    for head, channels in loud.items():
+        x[0, head, :, channels] *= 30
+    encoder.prepare(x)
+    for head, channels in loud.items():
+        assert set(channels) <= set(encoder.outlier_index[0, head].tolist())
+    assert encoder.outlier_index.dtype == torch.uint8 and encoder.side_nbytes() == 2 * 16
+    decoded = encoder.decode(encoder.encode(x))
+    assert decoded.shape == x.shape
+    assert float((decoded - x).norm() / x.norm()) < 0.3
+
+
+def test_outlier_split_beats_plain_bits_on_channel_outliers():
+    """With a few loud channels (as real keys have), the 2.5 preset reconstructs better than plain 2 bits."""
+    shape = ModelShape(num_layers=1, num_kv_heads=2, head_dim=64)
+    x = torch.randn(1, 2, 400, 64, generator=torch.Generator().manual_seed(1))
+    x[..., :6] *= 10
+    errors = {}
+    for bits in (2, 2.5):
+        layer = build_cache("turboquant", shape, bits=bits).layers[0]
+        layer.update(x, x.clone(), 0)
+        keys, _ = layer._read()
+        errors[bits] = float((keys - x).norm() / x.norm())
+    assert errors[2.5] < 0.8 * errors[2]
+
+
+def test_window_keeps_recent_tokens_exact_and_boundary_layers_full():
+    shape = ModelShape(num_layers=4, num_kv_heads=1, head_dim=64)
+    cache = build_cache("turboquant", shape, bits=3, residual_length=32, boundary_layers=1)
+    assert [type(layer).__name__ for layer in cache.layers] == [
+        "FullPrecisionLayer", "TurboQuantLayer", "TurboQuantLayer", "FullPrecisionLayer"]
+    layer = cache.layers[1]
+    x = torch.randn(1, 1, 70, 64)
+    layer.update(x, x, 1)
+    assert (layer.key_stream.quantized_tokens, layer.key_stream.residual_tokens) == (64, 6)
+    keys, _ = layer._read()
+    torch.testing.assert_close(keys[:, :, 64:], x[:, :, 64:].half().float())
+    assert not torch.allclose(keys[:, :, :64], x[:, :, :64], atol=1e-2)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"bits": 9}, "key_bits"),
+    ({"bits": 2.3}, "presets"),
+    ({"key_bits": 3, "value_bits": 0}, "value_bits"),
+    ({"key_bits": 3, "value_bits": 3, "outlier_channels": 64}, "outlier_channels"),
+    ({"bits": 3, "key_variant": "qjl"}, "key_variant"),
+    ({"bits": 3, "rotation": "dct"}, "rotation"),
+    ({"bits": 3, "boundary_layers": 2}, "boundary_layers"),
+    ({"bits": 3, "memory_ratio": 0.25}, "not both"),
+    ({"memory_ratio": 0.01}, "no TurboQuant preset"),
+    ({"bits": 3, "window": 4}, "unknown TurboQuant options"),
+])
+def test_bad_options_raise_value_errors(options, message):
+    shape = ModelShape(num_layers=3, num_kv_heads=2, head_dim=64)
+    with pytest.raises(ValueError, match=message):
+        build_cache("turboquant", shape, **options)
