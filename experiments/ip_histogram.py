@@ -138,12 +138,16 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
                 width = unit["bin_high"] - unit["bin_low"]
                 density = unit["count"] / (summary["n_pairs"] * width)
                 ax.fill_between(unit["bin_low"], density, step="post", color=METHOD_COLORS[method], alpha=0.35)
-                ax.step(unit["bin_low"], density, where="post", color=METHOD_COLORS[method], linewidth=0.8,
-                        label=f"mean {summary['mean_error']:+.1e}\nstd {summary['std_error']:.3g}")
-                ax.axvline(0.0, color="black", linewidth=0.6)
-                ax.axvline(summary["mean_error"], color=METHOD_COLORS[method], linestyle="--", linewidth=0.8)
+                ax.step(unit["bin_low"], density, where="post", color=METHOD_COLORS[method], linewidth=0.8)
+                positive = _summary(df, method, bits, "ip>0")
+                stats = f"mean {summary['mean_error']:+.1e}\nstd {summary['std_error']:.3g}"
+                if positive is not None:
+                    stats += f"\nmean if ⟨y,x⟩>0: {positive['mean_error']:+.1e}"
+                ax.text(0.02, 0.97, stats, transform=ax.transAxes, va="top", ha="left", fontsize=7)
+                ax.set_ylim(0, 1.5 * float(density.max()))  # headroom for the statistics
+                ax.axvline(0.0, color="black", linewidth=0.6, ymax=0.72)  # below the statistics text
+                ax.axvline(summary["mean_error"], color=METHOD_COLORS[method], linestyle="--", linewidth=0.8, ymax=0.72)
                 ax.set_title(f"{METHODS[method]}, b = {bits}")
-                ax.legend(loc="upper right", handlelength=0, handletextpad=0)
                 if col == 0:
                     ax.set_ylabel("density")
                 if row == len(methods) - 1:
