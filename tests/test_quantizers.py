@@ -1,0 +1,181 @@
+"""TurboQuant_mse, QJL and TurboQuant_prod against the paper's theory (Theorems 1-2, Lemma 4)."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import turboquant as tq
+
+
+def unit_vectors(n: int, dim: int, seed: int) -> torch.Tensor:
+    x = torch.randn(n, dim, generator=torch.Generator().manual_seed(seed))
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("dim, n", [(64, 20000), (128, 20000), (1536, 3000)])
+@pytest.mark.parametrize("bits", range(1, 5))
+def test_measured_mse_matches_codebook(dim, n, bits):
+    q = tq.TurboQuantMSE(dim, bits, seed=bits)
+    x = unit_vectors(n, dim, seed=dim + bits)
+    measured = ((q.dequantize(q.quantize(x)) - x) ** 2).sum(-1).mean().item()
+    assert measured == pytest.approx(q.codebook.mse, rel=0.02)
+    assert tq.bounds.mse_lower_bound(bits) < measured < tq.bounds.mse_upper_bound(bits)
+
+
+def test_hadamard_rotation_distortion_close_to_haar():
+    x = unit_vectors(20000, 96, seed=0)  # 96 is not a power of two: the three-round transform
+    q = tq.TurboQuantMSE(96, 3, rotation="hadamard")
+    measured = ((q.dequantize(q.quantize(x)) - x) ** 2).sum(-1).mean().item()
+    assert measured == pytest.approx(q.codebook.mse, rel=0.03)
+
+
+def _estimates_over_seeds(make, x, y, seeds):
+    return torch.stack([make(s).inner_product(y, make(s).quantize(x)) for s in seeds]).squeeze()
+
+
+@pytest.mark.parametrize("bits", range(1, 5))
+def test_prod_is_unbiased_and_within_variance_bound(bits):
+    dim = 64
+    x = unit_vectors(1, dim, seed=1)
+    y = (0.6 * x + 0.8 * unit_vectors(1, dim, seed=2))  # a strongly correlated pair
+    truth = (y @ x.T).item()
+    quantizers = {s: tq.TurboQuantProd(dim, bits, seed=s) for s in range(600)}
+    est = torch.tensor([quantizers[s].inner_product(y, quantizers[s].quantize(x)).item() for s in quantizers])
+    err = est - truth
+    standard_error = err.std().item() / math.sqrt(len(err))
+    assert abs(err.mean().item()) < 3 * standard_error
+    y_norm = y.norm().item()
+    assert (err ** 2).mean().item() < tq.bounds.prod_upper_bound(bits, dim, y_norm)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3])
+def test_prod_distortion_matches_theory(bits):
+    # Average over several S draws: for one fixed S the conditional D_prod fluctuates by a few percent.
+    dim = 128
+    x, y = unit_vectors(4000, dim, seed=3), unit_vectors(300, dim, seed=4)
+    measured = sum(((q.inner_product(y, q.quantize(x)) - y @ x.T) ** 2).mean().item()
+                   for q in (tq.TurboQuantProd(dim, bits, seed=s) for s in range(6))) / 6
+    assert measured == pytest.approx(tq.bounds.prod_distortion(bits, dim), rel=0.05)
+
+
+def test_mse_one_bit_shrinks_inner_products_by_two_over_pi():
+    # For b = 1, E[x̃ | x] = (1 − D_mse) x by symmetry, and 1 − D_mse → 2/π as d grows: TurboQuant_mse is
+    # biased for inner products (the paper's motivation for TurboQuant_prod).
+    dim = 256
+    x = unit_vectors(1, dim, seed=5)
+    y = 0.7 * x + 0.3 * unit_vectors(1, dim, seed=6)
+    truth = (y @ x.T).item()
+    est = torch.tensor([(lambda q: q.inner_product(y, q.quantize(x)).item())(tq.TurboQuantMSE(dim, 1, seed=s))
+                        for s in range(400)])
+    shrink = 1 - tq.lloyd_max_codebook(dim, 1).mse
+    assert abs(shrink - 2 / math.pi) < 0.005
+    assert est.mean().item() / truth == pytest.approx(shrink, abs=4 * est.std().item() / 20 / truth)
+
+
+@pytest.mark.parametrize("quantizer", [tq.TurboQuantMSE(48, 3), tq.TurboQuantProd(48, 3), tq.QJL(48)],
+                         ids=["mse", "prod", "qjl"])
+def test_inner_product_equals_dequantized_dot(quantizer):
+    x = torch.randn(70, 48) * 3
+    y = torch.randn(5, 48)
+    q = quantizer.quantize(x)
+    torch.testing.assert_close(quantizer.inner_product(y, q), y @ quantizer.dequantize(q).T,
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_qjl_variance_bound():
+    dim = 128
+    x, y = unit_vectors(2000, dim, seed=7), unit_vectors(100, dim, seed=8)
+    q = tq.QJL(dim, seed=1)
+    err = q.inner_product(y, q.quantize(x)) - y @ x.T
+    assert (err ** 2).mean().item() < math.pi / (2 * dim)
+    assert abs(err.mean().item()) < 3 * err.std().item() / math.sqrt(err.numel() / 100)
+
+
+@pytest.mark.parametrize("make", [lambda: tq.TurboQuantMSE(40, 3), lambda: tq.TurboQuantProd(40, 3),
+                                  lambda: tq.TurboQuantProd(40, 1), lambda: tq.QJL(40)])
+def test_nbytes_counts_what_is_stored(make):
+    q = make()
+    stored = q.quantize(torch.randn(6, 5, 40))
+    code_bytes = math.ceil(40 * q.mse_bits / 8)
+    sign_bytes = math.ceil(40 / 8) if stored.qjl_signs is not None else 0
+    float_count = 1 + (stored.residual_norms is not None)
+    assert stored.codes.shape == (6, 5, code_bytes)
+    assert stored.nbytes == 30 * (code_bytes + sign_bytes + 4 * float_count)
+    assert stored.bits_per_coordinate == pytest.approx(stored.nbytes * 8 / (30 * 40))
+
+
+def test_zero_vectors_are_exact_and_norms_any_size():
+    q = tq.TurboQuantProd(32, 3)
+    x = torch.randn(5, 32)
+    x[1] = 0
+    x[2] *= 1e4
+    x[3] *= 1e-4
+    x_hat = q.dequantize(q.quantize(x))
+    assert torch.equal(x_hat[1], torch.zeros(32))
+    rel = ((x_hat - x).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-30))[[0, 2, 3, 4]]
+    assert rel.max() < 1.0 and rel.std() < 0.5  # the relative error does not depend on the norm
+
+
+def test_slicing_and_concatenation():
+    q = tq.TurboQuantProd(32, 2)
+    x = torch.randn(10, 32)
+    stored = q.quantize(x)
+    joined = tq.QuantizedVectors.cat([stored[:4], stored[4:]])
+    torch.testing.assert_close(q.dequantize(joined), q.dequantize(stored))
+    assert len(stored[2:5]) == 3
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), dim=st.integers(2, 40),
+       bits=st.integers(1, 5), scale=st.floats(1e-3, 1e3), kind=st.sampled_from(["mse", "prod"]),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+       rotation=st.sampled_from(["haar", "hadamard"]))
+def test_any_shape_dtype_and_norm(shape, dim, bits, scale, kind, dtype, rotation):
+    cls = tq.TurboQuantMSE if kind == "mse" else tq.TurboQuantProd
+    q = cls(dim, bits, rotation=rotation, seed=1)
+    x = (torch.randn(*shape, dim) * scale).to(dtype)
+    stored = q.quantize(x)
+    assert stored.shape == tuple(shape)
+    x_hat = q.dequantize(stored)
+    assert x_hat.shape == x.shape and x_hat.dtype == dtype
+    assert torch.isfinite(x_hat.float()).all()
+    norms = x.float().norm(dim=-1)
+    torch.testing.assert_close(stored.norms, norms, rtol=1e-5, atol=0)
+    # The error never exceeds what a unit vector can suffer (‖x − x̃‖ ≤ ‖x‖ + ‖x̃‖), scaled by the norm.
+    assert ((x_hat.float() - x.float()).norm(dim=-1) <= 3.5 * norms * math.sqrt(dim) + 1e-6).all()
+    scores = q.inner_product(torch.randn(3, dim), stored)
+    assert scores.shape == (3, *shape)
+
+
+def test_errors():
+    q = tq.TurboQuantMSE(16, 2)
+    with pytest.raises(ValueError, match="dim must be an integer ≥ 2"):
+        tq.TurboQuantMSE(1, 2)
+    with pytest.raises(ValueError, match=r"TurboQuantMSE supports bits in \[1, 8\], got 0"):
+        tq.TurboQuantMSE(16, 0)
+    with pytest.raises(ValueError, match=r"TurboQuantProd supports bits in \[1, 8\], got 9"):
+        tq.TurboQuantProd(16, 9)
+    with pytest.raises(ValueError, match="rotation must be one of"):
+        tq.TurboQuantProd(16, 2, rotation="dct")
+    with pytest.raises(ValueError, match=r"x must have last dimension 16, got shape \(3, 15\)"):
+        q.quantize(torch.randn(3, 15))
+    bad = torch.randn(3, 16)
+    bad[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="x contains NaN or Inf"):
+        q.quantize(bad)
+    bad[1, 2] = float("inf")
+    with pytest.raises(ValueError, match="x contains NaN or Inf"):
+        q.quantize(bad)
+    with pytest.raises(ValueError, match="x must be float16, bfloat16, float32 or float64"):
+        q.quantize(torch.ones(2, 16, dtype=torch.int32))
+    with pytest.raises(ValueError, match="y must have last dimension 16"):
+        q.inner_product(torch.randn(2, 8), q.quantize(torch.randn(2, 16)))
+    other = tq.TurboQuantMSE(16, 2, seed=1).quantize(torch.randn(2, 16))
+    with pytest.raises(ValueError, match=r"these codes were made by TurboQuantMSE\(dim=16, bits=2, rotation=haar, seed=1"):
+        q.dequantize(other)
+    with pytest.raises(ValueError, match="these codes were made by TurboQuantMSE"):
+        tq.TurboQuantProd(16, 3).inner_product(torch.randn(1, 16), other)
+    with pytest.raises(ValueError, match="different settings"):
+        tq.QuantizedVectors.cat([q.quantize(torch.randn(2, 16)), other])
