@@ -1,0 +1,381 @@
+"""LongBench-E with compressed KV caches (paper Table 1, arXiv v1).
+
+Protocol (LongBench's ``pred.py`` + ``eval.py``, per sample):
+
+1. Fill the dataset's template with the sample (:mod:`experiments.longbench.prompts`).
+2. If the prompt has more than ``max_length`` tokens, keep the first and last ``max_length // 2`` (each half
+   decoded back to text, as LongBench does).
+3. Chat template, except on trec / triviaqa / samsum / lcc / repobench-p (continuation tasks).
+4. Prefill into a fresh cache of the method, decode greedily up to the dataset's maximum new tokens
+   (``max_new_tokens_cap`` may lower it for CPU runs; recorded). samsum also stops at a newline. On the
+   datasets scored on one line only (trec, triviaqa, samsum: the first line; lcc, repobench-p: the first
+   line without a comment marker) decoding stops once that line is complete: the score cannot change.
+5. Score with the dataset's metric, max over reference answers (:mod:`experiments.longbench.metrics`).
+
+One ResultStore unit is one (method, dataset, sample): a killed run resumes sample by sample. The table has
+the paper's six category columns and the 13-dataset Average (:mod:`experiments.longbench.table`), plus
+per-dataset scores and LongBench-E's length buckets; it names the model and data actually used.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from experiments.io import ResultStore, config_to_dict, experiment_sizes
+from experiments.longbench.data import DataSpec, data_spec_from_config, describe_data, load_samples
+from experiments.longbench.metrics import DATASET_METRIC, FIRST_LINE_DATASETS, LENGTH_BUCKETS, length_bucket, score_sample
+from experiments.longbench.prompts import DATASETS, DatasetSpec, dataset_spec, format_prompt, truncate_middle
+from experiments.longbench.sample import LongBenchSample
+from experiments.longbench.table import CATEGORIES, CATEGORY_OF, PAPER_TABLE1, summary_table
+from experiments.models import LoadedModel, load_model, model_spec_from_config
+from experiments.plotting import figure_style, figure_title, save_figure
+from turboquant.kvcache import attach, build_cache
+
+__all__ = ["RESULT_KEYS", "build_input_ids", "generate", "run", "plot", "tables", "paper_comparison"]
+
+#: What a sample's score depends on beyond its unit keys (method, dataset, sample, budgets).
+RESULT_KEYS = ("experiment.name", "longbench_data", "model", "seed")
+
+_CODE_DATASETS = frozenset({"lcc", "repobench-p"})
+
+
+# --------------------------------------------------------------------------- prompt
+def build_input_ids(tokenizer: Any, spec: DatasetSpec, sample: LongBenchSample, max_length: int) -> tuple[torch.Tensor, bool]:
+    """Token ids (1, n) of the sample's prompt after LongBench's truncation and (maybe) chat template."""
+    prompt = format_prompt(spec.name, sample.to_record())
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    truncated = len(ids) > max_length
+    if truncated:
+        kept = truncate_middle(ids, max_length)
+        half = len(kept) // 2
+        prompt = tokenizer.decode(kept[:half], skip_special_tokens=True) + tokenizer.decode(
+            kept[half:], skip_special_tokens=True
+        )
+    if spec.use_chat_template and getattr(tokenizer, "chat_template", None):
+        encoded = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        input_ids = encoded["input_ids"]
+    else:
+        input_ids = tokenizer(prompt)["input_ids"]  # with the tokenizer's own special tokens, as LongBench
+    return torch.tensor([list(input_ids)], dtype=torch.long), truncated
+
+
+# --------------------------------------------------------------------------- decoding
+def scored_line_complete(dataset: str, text: str) -> bool:
+    """True once ``text`` holds, as a finished line, everything the dataset's metric will read."""
+    if dataset not in FIRST_LINE_DATASETS and dataset not in _CODE_DATASETS:
+        return False
+    lines = text.lstrip("\n").split("\n")
+    finished = lines[:-1]  # the last piece may still grow
+    if dataset in FIRST_LINE_DATASETS:
+        return bool(finished)
+    return any("`" not in line and "#" not in line and "//" not in line for line in finished)
+
+
+class _ScoredLineStop:
+    """A transformers stopping criterion: stop when :func:`scored_line_complete` holds."""
+
+    def __init__(self, tokenizer: Any, dataset: str, prompt_length: int) -> None:
+        self.tokenizer, self.dataset, self.prompt_length = tokenizer, dataset, prompt_length
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **_: Any) -> torch.Tensor:
+        text = self.tokenizer.decode(input_ids[0, self.prompt_length :], skip_special_tokens=True)
+        done = scored_line_complete(self.dataset, text)
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+
+@torch.inference_mode()
+def generate(
+    loaded: LoadedModel,
+    input_ids: torch.Tensor,
+    spec: DatasetSpec,
+    max_new_tokens: int,
+    cache_method: str,
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Greedy decoding of one prompt with a fresh cache of ``cache_method``; prediction and cache accounting."""
+    from transformers import StoppingCriteriaList
+
+    model, tokenizer = loaded.model, loaded.tokenizer
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    if spec.stop_at_newline:
+        eos.append(tokenizer.encode("\n", add_special_tokens=False)[-1])
+    cache = build_cache(cache_method, model.config, **dict(options))
+    start = time.perf_counter()
+    with attach(model, cache):
+        output = model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            past_key_values=cache,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=1,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            eos_token_id=eos or None,
+            pad_token_id=tokenizer.pad_token_id,
+            stopping_criteria=StoppingCriteriaList([_ScoredLineStop(tokenizer, spec.name, input_ids.shape[-1])]),
+        )
+    seconds = time.perf_counter() - start
+    new_tokens = output[0, input_ids.shape[-1] :]
+    return {
+        "prediction": tokenizer.decode(new_tokens, skip_special_tokens=True),
+        "new_tokens": int(new_tokens.numel()),
+        "seconds": seconds,
+        "cache_nbytes": int(cache.nbytes()),
+        "memory_ratio": float(cache.memory_ratio()),
+        "bits_per_value": float(cache.bits_per_value()),
+    }
+
+
+# --------------------------------------------------------------------------- experiment
+def _methods(cfg: Any) -> dict[str, dict[str, Any]]:
+    methods = config_to_dict(cfg.experiment.methods)
+    if not methods:
+        raise ValueError("experiment.methods is empty")
+    for name, method in methods.items():
+        if "cache" not in method:
+            raise ValueError(f"method {name!r} lacks 'cache' (the turboquant.kvcache method name)")
+    return methods
+
+
+def _datasets(cfg: Any) -> list[str]:
+    names = list(cfg.experiment.datasets)
+    unknown = [n for n in names if n not in DATASETS]
+    if unknown:
+        raise ValueError(f"experiment.datasets has unknown names {unknown}; known: {list(DATASETS)}")
+    return names
+
+
+def _token_counter(tokenizer: Any):
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
+    """Every (method, dataset, sample) not yet in ``store``; writes the tables; returns this run's rows."""
+    sizes = experiment_sizes(cfg)
+    n_samples = int(sizes.samples_per_dataset)
+    context_tokens = [int(c) for c in sizes.context_tokens]
+    max_length = int(sizes.max_length)
+    cap = sizes.get("max_new_tokens_cap")
+    model_spec = model_spec_from_config(cfg.model)
+    if model_spec.max_context is not None and max_length > model_spec.max_context:
+        raise ValueError(f"max_length {max_length} exceeds the model's {model_spec.max_context}-token window")
+    data = data_spec_from_config(config_to_dict(cfg.longbench_data))
+    methods = _methods(cfg)
+    datasets = _datasets(cfg)
+    seed = int(cfg.seed)
+
+    torch.manual_seed(seed)
+    loaded = load_model(model_spec, device=cfg.scale.device)
+    store.record_provenance(**_describe(loaded, data))
+    count_tokens = _token_counter(loaded.tokenizer)
+    all_units: list[dict[str, Any]] = []
+    todo: list[tuple[dict[str, Any], str, LongBenchSample]] = []
+    for dataset in datasets:
+        samples = load_samples(data, dataset, n_samples, context_tokens, seed, count_tokens)
+        for index, sample in enumerate(samples):
+            for name, method in methods.items():
+                unit = {
+                    "method": name,
+                    "method_options": json.dumps(method, sort_keys=True),
+                    "task": dataset,
+                    "sample_id": sample.sample_id,
+                    "context_budget": context_tokens[index % len(context_tokens)] if data.is_substitute else 0,
+                    "max_length": max_length,
+                    "max_new_tokens_cap": int(cap) if cap else 0,
+                }
+                all_units.append(unit)
+                if not store.is_done(unit):
+                    todo.append((unit, name, sample))
+
+    for unit, name, sample in tqdm(todo, desc="longbench samples", unit="sample"):
+        spec = dataset_spec(sample.dataset)
+        method = methods[name]
+        input_ids, truncated = build_input_ids(loaded.tokenizer, spec, sample, max_length)
+        max_new = min(spec.max_new_tokens, int(cap)) if cap else spec.max_new_tokens
+        result = generate(loaded, input_ids, spec, max_new, method["cache"], method.get("options") or {})
+        row = {
+            "method_label": str(method.get("label", name)),
+            "paper_method": str(method.get("paper_method") or ""),
+            "category": CATEGORY_OF[sample.dataset],
+            "metric": DATASET_METRIC[sample.dataset],
+            "data": data.display_name,
+            "data_source": data.source,
+            "model": model_spec.name,
+            "model_label": loaded.label,
+            "length": sample.length,
+            "length_bucket": length_bucket(sample.length),
+            "prompt_tokens": int(input_ids.shape[-1]),
+            "truncated": truncated,
+            "max_new_tokens": max_new,
+            "answers": json.dumps(list(sample.answers), ensure_ascii=False),
+            "score": score_sample(sample.dataset, result["prediction"], sample.answers, sample.all_classes),
+            **result,
+        }
+        store.save_unit(unit, [row])
+
+    frame = store.frame(all_units)
+    if not frame.empty:
+        write_tables(frame, store.directory)
+    return frame
+
+
+def _describe(loaded: LoadedModel, data: DataSpec) -> dict[str, Any]:
+    substitutions = []
+    if loaded.spec.substitutes_for:
+        substitutions.append(f"{loaded.spec.display_name} instead of {loaded.spec.substitutes_for}")
+    info = describe_data(data)
+    if info["data_substitution"]:
+        substitutions.append(info["data_substitution"])
+    return {
+        "description": f"model: {loaded.label}; data: {data.display_name}",
+        "substitution": "; ".join(substitutions),
+        "model": loaded.provenance,
+        "model_label": loaded.label,
+        **info,
+    }
+
+
+# --------------------------------------------------------------------------- tables
+def _method_order(df: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(df["method"]))
+
+
+def tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """``per_dataset`` (method × dataset, score ×100, with sample counts), ``table`` (paper form, methods with
+    all 13 datasets) and ``buckets`` (method × LongBench-E length bucket, mean over datasets)."""
+    order = _method_order(df)
+    labels = df.groupby("method", sort=False)["method_label"].first()
+    per_dataset = df.pivot_table(index="method", columns="task", values="score", aggfunc="mean") * 100
+    per_dataset = per_dataset.reindex(index=order, columns=[d for d in DATASETS if d in per_dataset.columns])
+    counts = df.pivot_table(index="method", columns="task", values="score", aggfunc="count").reindex(index=order)
+    complete = [m for m in order if per_dataset.loc[m].notna().all() and len(per_dataset.columns) == len(DATASETS)]
+    table = summary_table(per_dataset.loc[complete]) if complete else pd.DataFrame()
+    if not table.empty:
+        table.insert(0, "method_label", [labels[m] for m in table.index])
+        full = [m for m in complete if df.loc[df["method"] == m, "paper_method"].iloc[0] == "full"]
+        if full:
+            table.insert(1, "delta_vs_full", table["Average"] - table.loc[full[0], "Average"])
+    by_bucket = df.groupby(["method", "task", "length_bucket"])["score"].mean().reset_index()
+    buckets = by_bucket.pivot_table(index="method", columns="length_bucket", values="score", aggfunc="mean") * 100
+    buckets = buckets.reindex(index=order, columns=[b for b in LENGTH_BUCKETS if b in buckets.columns])
+    return {"per_dataset": per_dataset, "counts": counts, "table": table, "buckets": buckets}
+
+
+def _markdown(frame: pd.DataFrame, index_name: str) -> str:
+    header = [index_name, *map(str, frame.columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for index, row in frame.iterrows():
+        cells = [f"{v:.2f}" if isinstance(v, (float, np.floating)) else str(v) for v in row]
+        lines.append("| " + " | ".join([str(index), *cells]) + " |")
+    return "\n".join(lines)
+
+
+def _paper_markdown() -> str:
+    frame = pd.DataFrame(
+        [{"model": r.model, "method": r.method, "KV bits": r.kv_bits, **r.columns, "Average": r.average,
+          "Average (ICLR 2026)": r.average_iclr if r.average_iclr is not None else ""} for r in PAPER_TABLE1]
+    )
+    return _markdown(frame.set_index("model"), "model")
+
+
+def write_tables(df: pd.DataFrame, directory: Path) -> list[Path]:
+    """``table.md`` (paper form + per-dataset + buckets, with model and data named) and CSVs beside it."""
+    out = tables(df)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for key in ("table", "per_dataset", "buckets"):
+        path = directory / f"{key}.csv"
+        out[key].to_csv(path)
+        paths.append(path)
+    model = df["model_label"].iloc[0]
+    data = df["data"].iloc[0]
+    samples = int(out["counts"].min().min()) if not out["counts"].empty else 0
+    lines = [
+        f"# LongBench-E table (paper Table 1 form) — model: {model}; data: {data}",
+        "",
+        f"Scores ×100, {samples}+ samples per dataset and method. Average = mean over the 13 datasets "
+        "(categories weighted 2,2,2,3,2,2), as in the paper.",
+        "",
+    ]
+    if (df["data_source"] == "embedded").any():
+        lines += ["**LongBench-style substitute data, not LongBench: these are not LongBench numbers.**", ""]
+    if not out["table"].empty:
+        lines += ["## Categories and Average", "", _markdown(out["table"].drop(columns=list(DATASETS)), "method"), ""]
+    lines += ["## Per dataset", "", _markdown(out["per_dataset"], "method"), ""]
+    lines += ["## LongBench-E length buckets (mean over datasets)", "", _markdown(out["buckets"], "method"), ""]
+    lines += ["## The paper (arXiv v1 Table 1; Llama-3.1-8B-Instruct / Ministral-7B-Instruct, real LongBench-E)", "",
+              _paper_markdown(), ""]
+    md = directory / "table.md"
+    md.write_text("\n".join(lines))
+    return [md, *paths]
+
+
+# --------------------------------------------------------------------------- figure
+def plot(df: pd.DataFrame, cfg: Any, figures_dir: Path) -> list[Path]:
+    """Grouped bars: the six categories and the Average per method."""
+    if df.empty:
+        return []
+    table = tables(df)["table"]
+    if table.empty:
+        return []
+    columns = [*CATEGORIES, "Average"]
+    with figure_style():
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(10, 4.2))
+        width = 0.8 / len(table)
+        x = np.arange(len(columns))
+        for i, (_, row) in enumerate(table.iterrows()):
+            ax.bar(x + i * width - 0.4 + width / 2, [row[c] for c in columns], width, label=row["method_label"])
+        ax.set_xticks(x, columns)
+        ax.set_ylabel("score (×100)")
+        ax.legend(fontsize=7, ncol=2)
+        provenance = df.attrs.get("provenance") or {"description": f"model: {df['model_label'].iloc[0]}; data: {df['data'].iloc[0]}"}
+        ax.set_title(figure_title("LongBench-E by category", provenance), fontsize=9)
+        return save_figure(fig, figures_dir, "longbench")
+
+
+# --------------------------------------------------------------------------- paper comparison
+_PAPER_KEY = {"kivi3": ("KIVI", 3), "kivi5": ("KIVI", 5), "polarquant": ("PolarQuant", 3.9),
+              "turboquant_2.5": ("TurboQuant", 2.5), "turboquant_3.5": ("TurboQuant", 3.5)}
+
+
+def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Average minus the full cache's Average, per method standing for a paper row (``paper_method``).
+
+    The paper's absolute Averages (``longbench.average.*``) are only compared for runs on the real
+    LongBench-E; a substitute run leaves them MISSING.
+    """
+    table = tables(df)["table"]
+    if table.empty or "delta_vs_full" not in table.columns:
+        return []
+    paper_method = df.groupby("method", sort=False)["paper_method"].first()
+    real = bool((df["data_source"] != "embedded").all())
+    where = f"{df['model_label'].iloc[0]}; {df['data'].iloc[0]}"
+    rows = []
+    for method, row in table.iterrows():
+        key = paper_method[method]
+        if not key:
+            continue
+        if key in _PAPER_KEY:
+            rows.append({"id": f"longbench.avg_delta.{key}", "value": float(row["delta_vs_full"]),
+                         "detail": f"{row['method_label']} Average − full cache Average ({where})"})
+        if real:
+            ids = [f"longbench.average.{key}"] + (["longbench.average.turboquant_2.5.iclr"] if key == "turboquant_2.5" else [])
+            rows += [{"id": i, "value": float(row["Average"]), "detail": f"{row['method_label']} ({where})"} for i in ids]
+    return rows
