@@ -1,0 +1,68 @@
+"""ann_recall and ann_indexing_time end to end on tiny random data (no network, seconds)."""
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf, open_dict
+
+pytest.importorskip("faiss")
+
+from experiments import ann_recall  # noqa: E402
+from experiments.io import ResultStore  # noqa: E402
+from run import REPO_ROOT  # noqa: E402
+
+SPHERE = {"name": "random_sphere", "loader": "random_sphere", "label": "uniform random unit vectors (32-d)",
+          "substitution": None, "dim": 32, "lift_dim": None, "n_base": 600, "n_queries": 40}
+
+
+def _config(experiment: str, overrides=()):
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base=None):
+        cfg = compose("config", overrides=[f"experiment={experiment}", *overrides])
+    return cfg
+
+
+def _tiny_recall_config(tmp_path):
+    cfg = _config("ann_recall", ["experiment.methods=[turboquant_mse,turboquant_prod,pq,rabitq]", "experiment.k_max=8"])
+    with open_dict(cfg):
+        cfg.experiment.datasets = OmegaConf.create({"sphere": SPHERE})
+        cfg.experiment.sizes.quick = OmegaConf.create({"sphere": {"n_base": 600, "n_queries": 40}})
+        cfg.paths.results_dir = str(tmp_path / "results")
+        cfg.paths.figures_dir = str(tmp_path / "figures")
+    return cfg
+
+
+def test_ann_recall_runs_resumes_and_plots(tmp_path):
+    cfg = _tiny_recall_config(tmp_path)
+    store = ResultStore(cfg.paths.results_dir, "ann_recall", cfg, ann_recall.RESULT_KEYS)
+    df = ann_recall.run(cfg, store)
+    assert len(df) == 4 * 2 * 4  # methods x bits x k in {1, 2, 4, 8}
+    for _, curve in df.groupby(["method", "bits"]):
+        recall = curve.sort_values("k")["recall"].to_numpy()
+        assert np.all(np.diff(recall) >= 0) and 0 <= recall[0] <= recall[-1] <= 1
+    at_k1 = df[df["k"] == 1].set_index(["method", "bits"])["recall"]
+    for method in ("turboquant_mse", "pq", "rabitq"):
+        assert at_k1[(method, 2)] <= at_k1[(method, 4)] + 0.05  # more bits do not lose recall (40 queries)
+    assert set(df["faiss_threads"]) == {2} and set(df["torch_threads"]) == {2}
+    mtime = store.csv_path.stat().st_mtime_ns
+    again = ann_recall.run(cfg, store)  # every unit done: nothing recomputed
+    assert store.csv_path.stat().st_mtime_ns == mtime and len(again) == len(df)
+    paths = ann_recall.plot(again, cfg, cfg.paths.figures_dir)
+    assert {p.suffix for p in paths} == {".png", ".pdf", ".md"}
+    summary = paths[-1].read_text()
+    assert "turboquant_mse" in summary and "Orderings" in summary
+
+
+def test_ann_recall_config_lists_the_paper_settings():
+    cfg = _config("ann_recall")
+    assert list(cfg.experiment.bits) == [2, 4] and cfg.experiment.k_max == 64
+    assert {"glove50", "dbpedia_minilm"} <= set(cfg.experiment.datasets)
+    assert cfg.experiment.datasets.glove50.substitution  # the stand-in is declared
+
+
+def test_ann_recall_rejects_missing_sizes(tmp_path):
+    cfg = _tiny_recall_config(tmp_path)
+    with open_dict(cfg):
+        cfg.experiment.sizes.quick = OmegaConf.create({"other": {"n_base": 10, "n_queries": 2}})
+    store = ResultStore(cfg.paths.results_dir, "ann_recall", cfg, ann_recall.RESULT_KEYS)
+    with pytest.raises(ValueError, match="no sizes for datasets"):
+        ann_recall.run(cfg, store)
