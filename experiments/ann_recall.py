@@ -32,8 +32,11 @@ from turboquant.ann import VectorIndex, make_index, powers_of_two_up_to, recall_
 
 __all__ = ["RESULT_KEYS", "METHOD_LABELS", "run", "plot", "build_index", "set_threads", "load_ann_dataset"]
 
-#: The config paths the numbers depend on (the top-level ``dataset`` group is not used here).
-RESULT_KEYS = ("experiment", "scale.name", "seed", "quantizer.rotation")
+#: The config paths the numbers depend on. Not the dataset/method/bits lists: each (dataset, method, bits)
+#: is a unit whose keys include its sizes and a hash of its dataset config, so adding a dataset or a method to the lists
+#: reuses every unit already computed. (The top-level ``dataset`` group is not used here.)
+RESULT_KEYS = ("experiment.name", "experiment.normalize", "experiment.k_max", "scale.name", "seed",
+               "quantizer.rotation")
 
 #: Legend labels for ``turboquant.ann.METHODS`` names.
 METHOD_LABELS: dict[str, str] = {
@@ -158,13 +161,16 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     if missing:
         raise ValueError(f"experiment.sizes.{cfg.scale.name} has no sizes for datasets {missing}")
     provenance = dict(store.provenance().get("datasets", {}))
+    all_units = []
     for key, dataset_cfg in datasets.items():
-        units = [{"dataset_name": key, "method": m, "bits": int(b)} for m in exp.methods for b in exp.bits]
+        n_base, n_queries = int(sizes[key].n_base), int(sizes[key].n_queries)
+        units = [{"dataset_name": key, "dataset_config_id": config_hash(dataset_cfg), "n_base": n_base,
+                  "n_queries": n_queries, "method": m, "bits": int(b)} for m in exp.methods for b in exp.bits]
+        all_units += units
         todo = [unit for unit in units if not store.is_done(unit)]
         if not todo:
             continue
-        size = sizes[key]
-        data = load_ann_dataset(key, dataset_cfg, int(size.n_base), int(size.n_queries), int(cfg.seed), bool(exp.normalize))
+        data = load_ann_dataset(key, dataset_cfg, n_base, n_queries, int(cfg.seed), bool(exp.normalize))
         provenance[key] = data.provenance()
         store.record_provenance(datasets=provenance, description="; ".join(p["description"] for p in provenance.values()))
         truth = exact_top1(data)
@@ -176,8 +182,6 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
             recalls = recall_at_1_at_k(truth, ids, ks)
             common = {
                 "dim": data.dim,
-                "n_base": data.base.shape[0],
-                "n_queries": data.queries.shape[0],
                 "bits_per_coordinate": built.index.bits_per_coordinate,
                 "train_s": built.train_s,
                 "add_s": built.add_s,
@@ -185,7 +189,18 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
                 **threads,
             }
             store.save_unit(unit, [{"k": k, "recall": recalls[k], **common} for k in ks])
-    return store.frame()
+    return store.frame(units=all_units)
+
+
+def config_hash(node: Any) -> str:
+    """Short hash of a (resolved) config node: identifies the exact dataset settings of a unit."""
+    import hashlib
+    import json
+
+    from experiments.io import config_to_dict
+
+    text = json.dumps(config_to_dict(node), sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
 def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
