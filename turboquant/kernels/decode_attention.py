@@ -83,25 +83,35 @@ def _decode_split_kernel(
         acc_odd = tl.zeros((BLOCK_M, V_GROUPS), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, V_CPG * V_GROUPS), dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        toks = n0 + tl.arange(0, BLOCK_N)
-        tok_mask = toks < end
-        k_words = load_group_words(k_codes + toks.to(tl.int64) * stride_kcn, tok_mask, k_groups, k_row_bytes, K_BPG)
+    # Register double buffering: the next tile's codes and norms are requested before this tile is
+    # decoded, so their DRAM latency overlaps the decode and the dots (Triton's pipeliner does not
+    # prefetch loads that feed integer code rather than tl.dot).
+    toks = start + tl.arange(0, BLOCK_N)
+    tok_mask = toks < end
+    k_words = load_group_words(k_codes + toks.to(tl.int64) * stride_kcn, tok_mask, k_groups, k_row_bytes, K_BPG)
+    v_words = load_group_words(v_codes + toks.to(tl.int64) * stride_vcn, tok_mask, v_groups, v_row_bytes, V_BPG)
+    k_norm = tl.load(k_norms + toks, mask=tok_mask, other=0.0)
+    v_norm = tl.load(v_norms + toks, mask=tok_mask, other=0.0)
+    for _ in range(start, end, BLOCK_N):
+        next_toks = toks + BLOCK_N
+        next_mask = next_toks < end
+        next_k_words = load_group_words(k_codes + next_toks.to(tl.int64) * stride_kcn, next_mask, k_groups,
+                                        k_row_bytes, K_BPG)
+        next_v_words = load_group_words(v_codes + next_toks.to(tl.int64) * stride_vcn, next_mask, v_groups,
+                                        v_row_bytes, V_BPG)
+        next_k_norm = tl.load(k_norms + next_toks, mask=next_mask, other=0.0)
+        next_v_norm = tl.load(v_norms + next_toks, mask=next_mask, other=0.0)
         logits = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k in tl.static_range(K_CPG):
             q_t = tl.load(q_cols + (k * K_GROUPS + k_groups)[:, None], mask=head_mask[None, :], other=0.0)
             logits = tl.dot(decode_codes(k_words, k_cent_ptr, k, K_BITS, True), q_t, logits)
-        k_norm = tl.load(k_norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
-        logits = logits * (k_norm * scale_log2)[:, None]
+        logits = logits * (k_norm.to(tl.float32) * scale_log2)[:, None]
         logits = tl.where(tok_mask[:, None], logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(logits, axis=0))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(logits - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
-        v_norm = tl.load(v_norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
-        p_t = tl.trans((p * v_norm[:, None]).to(tl.float16))
-        v_rows = v_codes + toks.to(tl.int64) * stride_vcn
-        v_words = load_group_words(v_rows, tok_mask, v_groups, v_row_bytes, V_BPG)
+        p_t = tl.trans((p * v_norm.to(tl.float32)[:, None]).to(tl.float16))
         if V_CPG == 2:
             acc_even = tl.dot(p_t, decode_codes(v_words, v_cent_ptr, 0, V_BITS, True), acc_even * alpha[:, None])
             acc_odd = tl.dot(p_t, decode_codes(v_words, v_cent_ptr, 1, V_BITS, True), acc_odd * alpha[:, None])
@@ -109,6 +119,8 @@ def _decode_split_kernel(
             values = tl.load(v_cent_ptr + words_to_stream_codes(v_words, V_BITS, V_CPG))
             acc = tl.dot(p_t, values, acc * alpha[:, None])
         m_i = m_new
+        toks, tok_mask = next_toks, next_mask
+        k_words, v_words, k_norm, v_norm = next_k_words, next_v_words, next_k_norm, next_v_norm
 
     has_tokens = l_i > 0
     inv_l = 1.0 / tl.where(has_tokens, l_i, 1.0)
@@ -215,6 +227,7 @@ def decode_attention_triton(
     num_splits: int | None = None,
     block_n: int = 64,
     num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Attention of one new query token per sequence over a packed cache: (batch, query_heads, head_dim).
 
@@ -228,6 +241,7 @@ def decode_attention_triton(
         rotation: dense Pi_K (head_dim, head_dim), y = Pi x; v_rotation: Pi_V (default Pi_K).
         scale: softmax scale, default 1 / sqrt(head_dim).
         num_splits: KV splits per (row, KV head); default fills the GPU (``default_num_splits``).
+        block_n, num_warps, num_stages: tokens per tile, warps per program, pipeline depth (tuning).
     """
     v_rotation = rotation if v_rotation is None else v_rotation
     _check(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_bits, v_bits, rotation, v_rotation)
@@ -264,7 +278,7 @@ def decode_attention_triton(
         GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n,
         K_BITS=k_bits, K_BPG=k_bpg, K_CPG=k_cpg, K_GROUPS=k_groups,
         V_BITS=v_bits, V_BPG=v_bpg, V_CPG=v_cpg, V_GROUPS=pow2_at_least(num_groups(dim, v_bits)),
-        num_warps=num_warps,
+        num_warps=num_warps, num_stages=num_stages,
     )
     out = torch.empty((batch, n_heads, dim), dtype=q.dtype, device=q.device)
     combine_m = 16

@@ -91,17 +91,25 @@ def _quantize_mse_kernel(
     lut_scale, lut_offset,
     BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, LUT_MASK: tl.constexpr,
-    SINGLE_K: tl.constexpr,
+    SINGLE_K: tl.constexpr, RESIDENT: tl.constexpr,
 ):
     """Persistent grid over tiles of BLOCK_N rows.
 
     ``rot_ptr`` is the rotation in stream order (see ``stream_rotation``): (CODES_PER_GROUP, dim,
     groups_padded), slice k holding the rows ``g * CODES_PER_GROUP + k`` of Pi as columns, so
     ``x @ rot[k]`` gives code k of every group and the codes are OR-ed into the words directly.
+    RESIDENT (two codes per group, one chunk: 4-bit with dim <= 128): both slices stay in registers
+    for the whole persistent loop instead of being re-read from L2 for every tile.
     """
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(n_rows, BLOCK_N)
     k_offs = tl.arange(0, BLOCK_K)
+    if RESIDENT:
+        g_all = tl.arange(0, BLOCK_G)
+        rot_even = tl.load(rot_ptr + k_offs[:, None] * groups_padded + g_all[None, :],
+                           mask=k_offs[:, None] < dim, other=0.0)
+        rot_odd = tl.load(rot_ptr + dim * groups_padded + k_offs[:, None] * groups_padded + g_all[None, :],
+                          mask=k_offs[:, None] < dim, other=0.0)
     for tile in range(pid, n_tiles, tl.num_programs(0)):
         rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         row_mask = rows < n_rows
@@ -121,27 +129,48 @@ def _quantize_mse_kernel(
         tl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=row_mask)
         if SINGLE_K:
             x_unit = (x * inv_norm[:, None]).to(tl.float16)
+        else:
+            x_unit = inv_norm  # placeholder: the chunked path re-reads x for every K chunk
         code_rows = codes_ptr + rows.to(tl.int64) * stride_codes
-        for g0 in range(0, n_groups, BLOCK_G):
-            g_offs = g0 + tl.arange(0, BLOCK_G)
-            words = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.int32)
-            for k in tl.static_range(CODES_PER_GROUP):
-                rot_k = rot_ptr + k * dim * groups_padded + g_offs[None, :]
-                if SINGLE_K:
-                    rot = tl.load(rot_k + k_offs[:, None] * groups_padded, mask=k_offs[:, None] < dim, other=0.0)
-                    y = tl.dot(x_unit, rot)
-                else:
-                    y = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.float32)
-                    for k0 in range(0, dim, BLOCK_K):
-                        kk = k0 + k_offs
-                        xk = tl.load(x_rows[:, None] + kk[None, :],
-                                     mask=row_mask[:, None] & (kk < dim)[None, :], other=0.0).to(tl.float32)
-                        rot = tl.load(rot_k + kk[:, None] * groups_padded, mask=kk[:, None] < dim, other=0.0)
-                        y = tl.dot((xk * inv_norm[:, None]).to(tl.float16), rot, y)
-                codes = _nearest_centroid(y, table_ptr, lut_scale, lut_offset, LUT_MASK)
-                codes = tl.where((g_offs * CODES_PER_GROUP + k < dim)[None, :], codes, 0)
-                words = words | (codes << (BITS * k))
-            store_group_words(code_rows, row_mask, g_offs, row_bytes, words, BYTES_PER_GROUP)
+        if RESIDENT:
+            even = _nearest_centroid(tl.dot(x_unit, rot_even), table_ptr, lut_scale, lut_offset, LUT_MASK)
+            odd = _nearest_centroid(tl.dot(x_unit, rot_odd), table_ptr, lut_scale, lut_offset, LUT_MASK)
+            odd = tl.where((g_all * 2 + 1 < dim)[None, :], odd, 0)
+            store_group_words(code_rows, row_mask, g_all, row_bytes, even | (odd << BITS), BYTES_PER_GROUP)
+        else:
+            _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, table_ptr, dim, row_bytes,
+                             n_groups, groups_padded, lut_scale, lut_offset,
+                             BITS, BYTES_PER_GROUP, CODES_PER_GROUP, BLOCK_N, BLOCK_K, BLOCK_G, LUT_MASK, SINGLE_K)
+
+
+@triton.jit
+def _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, table_ptr, dim, row_bytes,
+                     n_groups, groups_padded, lut_scale, lut_offset,
+                     BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, LUT_MASK: tl.constexpr,
+                     SINGLE_K: tl.constexpr):
+    """Codes of one tile of rows, BLOCK_G groups at a time, re-reading the rotation slices (any width)."""
+    k_offs = tl.arange(0, BLOCK_K)
+    for g0 in range(0, n_groups, BLOCK_G):
+        g_offs = tl.multiple_of(g0, BLOCK_G) + tl.arange(0, BLOCK_G)
+        words = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.int32)
+        for k in tl.static_range(CODES_PER_GROUP):
+            rot_k = rot_ptr + k * dim * groups_padded + g_offs[None, :]
+            if SINGLE_K:
+                rot = tl.load(rot_k + k_offs[:, None] * groups_padded, mask=k_offs[:, None] < dim, other=0.0)
+                y = tl.dot(x_unit, rot)
+            else:
+                y = tl.zeros((BLOCK_N, BLOCK_G), dtype=tl.float32)
+                for k0 in range(0, dim, BLOCK_K):
+                    kk = k0 + k_offs
+                    xk = tl.load(x_rows[:, None] + kk[None, :],
+                                 mask=row_mask[:, None] & (kk < dim)[None, :], other=0.0).to(tl.float32)
+                    rot = tl.load(rot_k + kk[:, None] * groups_padded, mask=kk[:, None] < dim, other=0.0)
+                    y = tl.dot((xk * inv_norm[:, None]).to(tl.float16), rot, y)
+            codes = _nearest_centroid(y, table_ptr, lut_scale, lut_offset, LUT_MASK)
+            codes = tl.where((g_offs * CODES_PER_GROUP + k < dim)[None, :], codes, 0)
+            words = words | (codes << (BITS * k))
+        store_group_words(code_rows, row_mask, g_offs, row_bytes, words, BYTES_PER_GROUP)
 
 
 def stream_rotation(rotation_matrix: torch.Tensor, bits: int, groups_padded: int) -> torch.Tensor:
@@ -176,6 +205,7 @@ def quantize_mse_triton(
     *,
     block_n: int = 64,
     num_warps: int = 4,
+    num_stages: int = 2,
     programs_per_sm: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TurboQuant_mse codes and norms of ``x`` (..., dim) in one kernel.
@@ -186,6 +216,8 @@ def quantize_mse_triton(
         boundaries: the codebook's 2^bits - 1 midpoints (``Codebook.boundaries``).
         bits: 1..4.
         norms_dtype: dtype of the stored norms (float32 as the library, float16 for a compact cache).
+        block_n, num_warps, num_stages, programs_per_sm: tuning (rows per tile, warps, software-pipeline
+            depth of the row loads, persistent programs per SM).
 
     Returns:
         ``(codes, norms)``: uint8 (..., ceil(dim * bits / 8)) in the library's packed layout, and
@@ -223,8 +255,8 @@ def quantize_mse_triton(
         lut_scale, lut_offset,
         BITS=bits, BYTES_PER_GROUP=bytes_per_group, CODES_PER_GROUP=codes_per_group,
         BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_G=block_g, LUT_MASK=table.numel() - 1,
-        SINGLE_K=dim <= block_k,
-        num_warps=num_warps,
+        SINGLE_K=dim <= block_k, RESIDENT=dim <= block_k and codes_per_group == 2 and groups <= block_g,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return codes.reshape(*lead_shape, row_bytes), norms.reshape(lead_shape)
 
