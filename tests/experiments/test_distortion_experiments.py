@@ -75,7 +75,8 @@ def test_distortion_matches_theory_and_bounds_and_resumes(tmp_path: Path, monkey
 
 
 def test_ip_histogram_streams_all_pairs(tmp_path: Path) -> None:
-    cfg = tiny_config(tmp_path, "ip_histogram", "experiment.bits=[1,2]", "experiment.n_bins=41")
+    cfg = tiny_config(tmp_path, "ip_histogram", "experiment.bits=[1,2]", "experiment.n_bins=41",
+                      "experiment.bias={seeds: 3, n_base: 300, n_queries: 20}")
     df = assert_outputs(run.run_experiment(cfg), "ip_histogram")
     summaries = df[(df["record"] == "summary") & (df["pairs"] == "all")]
     assert len(summaries) == 4
@@ -91,13 +92,17 @@ def test_ip_histogram_streams_all_pairs(tmp_path: Path) -> None:
 
     # the chunked summary equals a single-chunk one
     whole = tiny_config(tmp_path / "whole", "ip_histogram", "experiment.bits=[1]", "experiment.n_bins=41",
-                        "experiment.pair_chunk=100000000")
+                        "experiment.bias={seeds: 3, n_base: 300, n_queries: 20}", "experiment.pair_chunk=100000000")
     one = pd.read_csv(run.run_experiment(whole).results_csv)
     pick = lambda frame: frame[(frame["record"] == "summary") & (frame["bits"] == 1)].sort_values(["method", "pairs"])  # noqa: E731
     pd.testing.assert_series_equal(pick(one)["mean_squared_error"].reset_index(drop=True),
                                    pick(df)["mean_squared_error"].reset_index(drop=True), rtol=1e-9)
-    assert {i["id"] for i in ip_histogram.paper_comparison(df)} == {"ip_histogram.prod_mean_error.b1",
-                                                                  "ip_histogram.prod_mean_error.b2"}
+    # unbiasedness across quantizer seeds: one row per seed, and a z-score per b for the comparison
+    seed_rows = df[df["record"] == "seed_bias"]
+    assert len(seed_rows) == 4 * 3 and set(seed_rows["quantizer_seed"]) == {0, 1, 2}
+    comparison = {i["id"]: i["value"] for i in ip_histogram.paper_comparison(df)}
+    assert set(comparison) == {"ip_histogram.prod_bias_z.b1", "ip_histogram.prod_bias_z.b2"}
+    assert all(abs(z) < 6 for z in comparison.values())
 
 
 def test_ip_variance_buckets_by_inner_product(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ def test_a_wrong_number_fails_and_the_rest_pass(tmp_path: Path, capsys: pytest.C
     assert ids <= set(rows), "every paper number gets a row"
     assert "| FAIL |" in rows["distortion.d_mse.b2"]
     assert all("| PASS |" in rows[f"distortion.d_mse.b{b}"] for b in (1, 3, 4))
-    assert "| MISSING |" in rows["ip_histogram.prod_mean_error.b1"]  # that experiment has no results here
+    assert "| MISSING |" in rows["ip_histogram.prod_bias_z.b1"]  # that experiment has no results here
     assert "toy stand-in for OpenAI embeddings" in report
     assert "distortion.d_mse.b2" in capsys.readouterr().err
 
