@@ -148,3 +148,34 @@ def test_beam_search_is_refused_clearly(tiny_model, tiny_config, prompt_ids):
     with pytest.raises(NotImplementedError, match="beam search"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tiny_model.generate(prompt_ids[:, :20], past_key_values=cache, max_new_tokens=3, num_beams=2, do_sample=False)
+
+
+@pytest.mark.parametrize("method, options", [("snapkv", {"budget": 80}), ("pyramidkv", {"budget": 80}),
+                                             ("turboquant", {"bits": 3})])
+def test_generate_with_an_attention_mask_matches_generate_without(tiny_model, tiny_config, prompt_ids, method, options):
+    """Tokenizer outputs carry an attention mask; positions then come from it, not from the cache length."""
+    prompt = prompt_ids[:, :200]
+    runs = []
+    for kwargs in ({}, {"attention_mask": torch.ones_like(prompt)}):
+        cache = build_cache(method, tiny_config, **options)
+        with attach(tiny_model, cache), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            runs.append(tiny_model.generate(prompt, cache=cache, max_new_tokens=5, do_sample=False, **kwargs))
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_evicted_cache_keeps_true_positions(tiny_model, tiny_config, prompt_ids):
+    """After eviction the next token is still at position n (RoPE), not at the number of stored tokens."""
+    positions = []
+    handle = tiny_model.model.rotary_emb.register_forward_hook(
+        lambda module, args, kwargs, out: positions.append(kwargs.get("position_ids", args[-1]).flatten().tolist()),
+        with_kwargs=True)
+    cache = build_cache("snapkv", tiny_config, budget=256)  # 299 prompt tokens: 43 dropped per layer
+    try:
+        next_token_logits(tiny_model, prompt_ids, cache)
+    finally:
+        handle.remove()
+    assert cache.layers[0].stored_tokens() == 257 and cache.get_seq_length() == 300
+    assert positions[-1] == [299]
+    no_drop = next_token_logits(tiny_model, prompt_ids, build_cache("snapkv", tiny_config, budget=400))
+    torch.testing.assert_close(no_drop, next_token_logits(tiny_model, prompt_ids, build_cache("full", tiny_config)))
