@@ -66,3 +66,30 @@ def test_ann_recall_rejects_missing_sizes(tmp_path):
     store = ResultStore(cfg.paths.results_dir, "ann_recall", cfg, ann_recall.RESULT_KEYS)
     with pytest.raises(ValueError, match="no sizes for datasets"):
         ann_recall.run(cfg, store)
+
+
+def test_ann_indexing_time_runs_and_writes_the_table(tmp_path):
+    from experiments import ann_indexing_time
+
+    cfg = _config("ann_indexing_time", ["experiment.methods=[turboquant_mse,pq,rabitq]", "experiment.repeats=2",
+                                         "experiment.single_queries=3"])
+    with open_dict(cfg):
+        cfg.experiment.datasets = OmegaConf.create({"random_sphere": SPHERE})
+        cfg.experiment.sizes.quick = OmegaConf.create(
+            {"n_base": 500, "n_queries": 20, "data": ["random_sphere:16", "random_sphere:24"]})
+        cfg.paths.results_dir = str(tmp_path / "results")
+        cfg.paths.figures_dir = str(tmp_path / "figures")
+    store = ResultStore(cfg.paths.results_dir, "ann_indexing_time", cfg, ann_indexing_time.RESULT_KEYS)
+    df = ann_indexing_time.run(cfg, store)
+    builds = df[df["measure"] == "build"]
+    assert len(builds) == 2 * 4  # 2 dims x (TurboQuant haar + hadamard, PQ, RaBitQ)
+    assert set(builds["dim"]) == {16, 24} and (builds["build_s"] > 0).all()
+    assert (builds.loc[builds["method"] == "turboquant_mse", "train_s"] < 0.01).all()  # data-oblivious
+    tq_search = df[(df["measure"] == "search") & (df["method"] == "turboquant_mse")]
+    assert set(tq_search["scorer"]) == {"dense", "lut"}
+    # both scorers rank identically, so they reach the same recall on the same codes
+    by_scorer = tq_search[tq_search["batch"] == 20].groupby(["data", "rotation", "scorer"])["recall_at_k"].first()
+    assert (by_scorer.xs("dense", level="scorer") == by_scorer.xs("lut", level="scorer")).all()
+    paths = ann_indexing_time.plot(df, cfg, cfg.paths.figures_dir)
+    text = paths[-1].read_text()
+    assert "239.75" in text and "PQ training time / TurboQuant" in text and "queries_per_s" in text
