@@ -110,8 +110,9 @@ def generate(
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    if spec.stop_at_newline:
-        eos.append(tokenizer.encode("\n", add_special_tokens=False)[-1])
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    if spec.stop_at_newline and newline:  # samsum: LongBench adds the newline token to the end-of-sequence ids
+        eos.append(newline[-1])
     cache = build_cache(cache_method, model.config, **dict(options))
     start = time.perf_counter()
     with attach(model, cache):

@@ -1,0 +1,101 @@
+"""experiment=longbench end to end on the real-format fixture, with a tiny random Llama and a word tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments.io import ResultStore
+from experiments.longbench import experiment as lb
+from experiments.longbench.experiment import scored_line_complete
+from experiments.longbench.prompts import DATASETS
+from experiments.models import LoadedModel, ModelSpec
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "longbench"
+
+
+@pytest.mark.parametrize(
+    ("dataset", "text", "done"),
+    [
+        ("trec", "\n City", False),  # the first line may still grow
+        ("trec", "\n City\nmore", True),
+        ("lcc", "# a comment\n", False),  # a comment line is skipped by code_sim: keep going
+        ("lcc", "# a comment\nx = 1\n", True),
+        ("hotpotqa", "Paris\n", False),  # scored on the whole prediction: never stop early
+    ],
+)
+def test_scored_line_complete(dataset, text, done):
+    assert scored_line_complete(dataset, text) is done
+
+
+def _tiny_model() -> LoadedModel:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    words = sorted({w for path in FIXTURE.glob("*.jsonl") for w in path.read_text().split()})
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[EOS]", "[PAD]", *words[:500]])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="[EOS]", pad_token="[PAD]")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096)
+    model = LlamaForCausalLM(config).eval()
+    spec = ModelSpec(name="tiny", display_name="tiny random Llama", pretrained="unused")
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, provenance={"model": "tiny"})
+
+
+@pytest.fixture
+def cfg():
+    from hydra import compose, initialize_config_dir
+
+    overrides = [
+        "experiment=longbench",
+        "longbench_data=local",
+        f"longbench_data.path={FIXTURE}",
+        "experiment.sizes.quick.samples_per_dataset=1",
+        "experiment.sizes.quick.max_length=64",
+        "experiment.sizes.quick.max_new_tokens_cap=3",
+        "~experiment.methods.kivi_3bit",
+        "~experiment.methods.kivi_5bit",
+        "~experiment.methods.polarquant_3p9bit",
+        "~experiment.methods.turboquant_2p5bit",
+    ]
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        return compose("config", overrides=overrides)
+
+
+def test_longbench_runs_resumes_and_tabulates(cfg, tmp_path, monkeypatch):
+    loaded = _tiny_model()
+    monkeypatch.setattr(lb, "load_model", lambda spec, device: loaded)
+    store = ResultStore(tmp_path, "longbench", cfg, result_keys=lb.RESULT_KEYS)
+    frame = lb.run(cfg, store)
+    assert len(frame) == 2 * len(DATASETS)
+    assert set(frame["method"]) == {"full", "turboquant_3p5bit"}
+    assert frame["score"].between(0, 1).all() and (frame["new_tokens"] <= 3).all()
+    assert frame.loc[frame["method"] == "turboquant_3p5bit", "memory_ratio"].lt(1).all()
+
+    tables = lb.tables(frame)
+    assert list(tables["table"].index) == ["full", "turboquant_3p5bit"]
+    assert tables["table"].loc["full", "delta_vs_full"] == 0
+    expected = frame[frame["method"] == "full"].groupby("task")["score"].mean().mean() * 100
+    assert tables["table"].loc["full", "Average"] == pytest.approx(expected)
+    text = (store.directory / "table.md").read_text()
+    assert "tiny random Llama" in text and "THUDM/LongBench (LongBench-E)" in text
+
+    comparison = {row["id"]: row["value"] for row in lb.paper_comparison(frame)}
+    assert comparison["longbench.avg_delta.turboquant_3.5"] == pytest.approx(
+        tables["table"].loc["turboquant_3p5bit", "Average"] - tables["table"].loc["full", "Average"]
+    )
+    assert "longbench.average.turboquant_3.5" in comparison  # real-format data: absolute rows too
+
+    # a second run finds every sample done and generates nothing
+    monkeypatch.setattr(lb, "generate", lambda *a, **k: pytest.fail("resumed run must not decode"))
+    again = lb.run(cfg, ResultStore(tmp_path, "longbench", cfg, result_keys=lb.RESULT_KEYS))
+    pd.testing.assert_frame_equal(again.sort_values("unit_id").reset_index(drop=True),
+                                  frame.sort_values("unit_id").reset_index(drop=True))
+    assert lb.plot(frame, cfg, tmp_path / "figures")
