@@ -132,9 +132,10 @@ class EvictionLayer(CompressedLayer):
 
     def __init__(
         self, layer_idx: int, budget_fn: BudgetFn, kernel_size: int, pooling: str, window_size: int,
-        fp_dtype: torch.dtype | None = None,
+        fp_dtype: torch.dtype | None = None, uniform_budget: bool = True,
     ) -> None:
         super().__init__(layer_idx, fp_dtype)
+        self.uniform_budget = uniform_budget  # False: layers keep different numbers of tokens (PyramidKV)
         self.budget_fn, self.kernel_size, self.pooling = budget_fn, kernel_size, pooling
         self.window_size = window_size
         self.window_queries: torch.Tensor | None = None
@@ -208,7 +209,8 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 @contextlib.contextmanager
 def capture_window_queries(model: torch.nn.Module, cache: CompressedCache) -> Iterator[None]:
     """Pre-hooks that hand each eviction layer its window queries during the prefill (removed on exit)."""
-    if getattr(cache, "per_layer_budgets", False) and getattr(model.config, "_attn_implementation", "sdpa") == "eager":
+    per_layer = any(not getattr(layer, "uniform_budget", True) for layer in cache.layers)
+    if per_layer and getattr(model.config, "_attn_implementation", "sdpa") == "eager":
         raise ValueError("PyramidKV's per-layer cache lengths need SDPA attention, not eager (masks are shared by layers)")
 
     def pre_hook(module, args, kwargs):
@@ -216,6 +218,9 @@ def capture_window_queries(model: torch.nn.Module, cache: CompressedCache) -> It
         if not getattr(layer, "needs_window_queries", False) or layer.seen_tokens > 0:
             return None
         hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        if "position_embeddings" not in kwargs:
+            raise ValueError(f"{type(module).__name__} receives no position_embeddings (cos, sin): this model "
+                             "applies RoPE in a way the SnapKV query capture does not support")
         with torch.no_grad():
             layer.window_queries = window_queries_of(
                 module, hidden_states, kwargs["position_embeddings"], layer.window_size
@@ -287,12 +292,11 @@ def build_pyramidkv_cache(
             plans[prompt_tokens] = pyramid_selected_counts(keep - window, prompt_tokens - window, shape.num_layers, beta)
         return plans[prompt_tokens][layer_idx] + window, window
 
-    layers = [EvictionLayer(i, budget_fn, kernel_size, pooling, window_size, fp_dtype) for i in range(shape.num_layers)]
+    layers = [EvictionLayer(i, budget_fn, kernel_size, pooling, window_size, fp_dtype, uniform_budget=False)
+              for i in range(shape.num_layers)]
     options = {"budget": budget, "memory_ratio": memory_ratio, "window_size": window_size,
                "kernel_size": kernel_size, "pooling": pooling, "beta": beta}
-    cache = CompressedCache(layers, method="pyramidkv", options=options)
-    cache.per_layer_budgets = True
-    return cache
+    return CompressedCache(layers, method="pyramidkv", options=options)
 
 
 register_method("snapkv", build_snapkv_cache)
