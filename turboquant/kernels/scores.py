@@ -30,88 +30,88 @@ from ._layout import (
 )
 
 
-@triton.jit
-def decode_codes(words, cent_ptr, k: tl.constexpr, BITS: tl.constexpr, LOOKUP: tl.constexpr):
-    """fp16 centroid values of code ``k`` of every group in ``words`` (any shape).
+LOOKUPS = {"none": 0, "codes": 1, "pairs": 2}
+"""How a kernel turns codes into centroid values: ``codes`` loads c[idx] per code from the 2^b-entry
+table (L1-resident); ``pairs`` (4-bit only) loads both values of a byte at once from a 256-entry table
+of fp16 pairs (half the loads); ``none`` skips the lookup and returns wrong values, only to attribute
+time in the benchmark."""
 
-    ``LOOKUP=False`` returns the raw code as fp16 instead (wrong values): the benchmark uses it to
-    attribute time to the centroid-table lookup.
-    """
+
+def lookup_table(centroids: torch.Tensor, bits: int, lookup: str, device: torch.device) -> torch.Tensor:
+    """The table the kernel reads: fp16 centroids, or for ``pairs`` int32 [b] = fp16(c[b & 15]) | fp16(c[b >> 4]) << 16."""
+    if lookup not in LOOKUPS:
+        raise ValueError(f"lookup must be one of {tuple(LOOKUPS)}, got {lookup!r}")
+    values = centroids.to(device=device, dtype=torch.float16).contiguous()
+    if lookup != "pairs":
+        return values
+    if bits != 4:
+        raise ValueError("lookup='pairs' needs 4-bit codes (two per byte)")
+    half_bits = values.view(torch.int16).to(torch.int64) & 0xFFFF
+    byte = torch.arange(256, device=device)
+    entry = half_bits[byte & 15] | (half_bits[byte >> 4] << 16)
+    return torch.where(entry >= 2 ** 31, entry - 2 ** 32, entry).to(torch.int32).contiguous()
+
+
+@triton.jit
+def decode_codes(words, table_ptr, k: tl.constexpr, BITS: tl.constexpr, LOOKUP: tl.constexpr):
+    """fp16 centroid values of code ``k`` of every group in ``words`` (any shape); LOOKUP 1 or 0."""
     codes = (words >> (BITS * k)) & ((1 << BITS) - 1)
-    if LOOKUP:
-        return tl.load(cent_ptr + codes)
+    if LOOKUP == 1:
+        return tl.load(table_ptr + codes)
     return codes.to(tl.float16)
 
 
 @triton.jit
-def _key_tile_scores(words, q_cols, mask_m, g_offs, groups_padded, cent_ptr, acc,
-                     BITS: tl.constexpr, CODES_PER_GROUP: tl.constexpr, LOOKUP: tl.constexpr):
-    """acc (keys, queries) += decoded keys of ``words`` (keys, groups) times the matching query coordinates."""
-    for k in tl.static_range(CODES_PER_GROUP):
-        keys = decode_codes(words, cent_ptr, k, BITS, LOOKUP)
-        q_t = tl.load(q_cols + (k * groups_padded + g_offs)[:, None], mask=mask_m[None, :], other=0.0)
-        acc = tl.dot(keys, q_t, acc)
-    return acc
+def decode_pairs(words, table_ptr):
+    """fp16 values of the low (even coordinate) and high (odd) nibble of every byte: one load per byte."""
+    entry = tl.load(table_ptr + words)
+    even = (entry & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    odd = (entry >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    return even, odd
 
 
 @triton.jit
 def _mse_scores_kernel(
     q_ptr, codes_ptr, norms_ptr, cent_ptr, out_ptr,
-    n_queries, n_keys, row_bytes, n_groups, groups_padded, keys_per_program,
+    n_queries, n_keys, row_bytes, n_groups, groups_padded,
     stride_qb, stride_qm, stride_cb, stride_cn, stride_nb, stride_ob, stride_om,
     scale,
     BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, LOOKUP: tl.constexpr,
-    SINGLE_CHUNK: tl.constexpr,
 ):
-    """Each program walks ``keys_per_program`` keys in tiles of BLOCK_N; scores are kept transposed,
-    (keys, queries), so the decoded keys are the A operand of tl.dot as loaded.
+    """Scores transposed, (keys, queries) per tile, so the decoded keys are the A operand of tl.dot as loaded.
 
     ``q_ptr`` holds the queries in stream order (``stream_queries``): [b, m, k * groups_padded + g]
-    is coordinate g * CODES_PER_GROUP + k. When a row fits one chunk of groups (SINGLE_CHUNK), the
-    next tile's codes are requested before the current one is decoded (register double buffering:
-    Triton's pipeliner does not prefetch loads that feed integer code rather than tl.dot).
+    is coordinate g * CODES_PER_GROUP + k.
     """
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     batch = tl.program_id(2).to(tl.int64)
     rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = rows_m < n_queries
+    mask_n = rows_n < n_keys
     q_cols = q_ptr + batch * stride_qb + rows_m[None, :] * stride_qm
-    codes_base = codes_ptr + batch * stride_cb
-    out_base = out_ptr + batch * stride_ob + rows_m[None, :] * stride_om
-    start = pid_n * keys_per_program
-    end = tl.minimum(start + keys_per_program, n_keys)
-    rows_n = start + tl.arange(0, BLOCK_N)
-    mask_n = rows_n < end
-    g_first = tl.arange(0, BLOCK_G)
-    if SINGLE_CHUNK:
-        words = load_group_words(codes_base + rows_n.to(tl.int64) * stride_cn, mask_n, g_first, row_bytes,
-                                 BYTES_PER_GROUP)
-        norms = tl.load(norms_ptr + batch * stride_nb + rows_n, mask=mask_n, other=0.0)
-    for _ in range(start, end, BLOCK_N):
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        next_rows = rows_n + BLOCK_N
-        next_mask = next_rows < end
-        if SINGLE_CHUNK:
-            next_words = load_group_words(codes_base + next_rows.to(tl.int64) * stride_cn, next_mask, g_first,
-                                          row_bytes, BYTES_PER_GROUP)
-            next_norms = tl.load(norms_ptr + batch * stride_nb + next_rows, mask=next_mask, other=0.0)
-            acc = _key_tile_scores(words, q_cols, mask_m, g_first, groups_padded, cent_ptr, acc,
-                                   BITS, CODES_PER_GROUP, LOOKUP)
+    code_rows = codes_ptr + batch * stride_cb + rows_n.to(tl.int64) * stride_cn
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for g0 in range(0, n_groups, BLOCK_G):
+        g_offs = tl.multiple_of(g0, BLOCK_G) + tl.arange(0, BLOCK_G)
+        words = load_group_words(code_rows, mask_n, g_offs, row_bytes, BYTES_PER_GROUP)
+        if LOOKUP == 2:
+            even, odd = decode_pairs(words, cent_ptr)
+            q_even = tl.load(q_cols + g_offs[:, None], mask=mask_m[None, :], other=0.0)
+            q_odd = tl.load(q_cols + (groups_padded + g_offs)[:, None], mask=mask_m[None, :], other=0.0)
+            acc = tl.dot(even, q_even, acc)
+            acc = tl.dot(odd, q_odd, acc)
         else:
-            norms = tl.load(norms_ptr + batch * stride_nb + rows_n, mask=mask_n, other=0.0)
-            for g0 in range(0, n_groups, BLOCK_G):
-                g_offs = tl.multiple_of(g0, BLOCK_G) + g_first
-                chunk = load_group_words(codes_base + rows_n.to(tl.int64) * stride_cn, mask_n, g_offs, row_bytes,
-                                         BYTES_PER_GROUP)
-                acc = _key_tile_scores(chunk, q_cols, mask_m, g_offs, groups_padded, cent_ptr, acc,
-                                       BITS, CODES_PER_GROUP, LOOKUP)
-        out = acc * (norms.to(tl.float32) * scale)[:, None]
-        tl.store(out_base + rows_n[:, None], out.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
-        rows_n, mask_n = next_rows, next_mask
-        if SINGLE_CHUNK:
-            words, norms = next_words, next_norms
+            for k in tl.static_range(CODES_PER_GROUP):
+                keys = decode_codes(words, cent_ptr, k, BITS, LOOKUP)
+                q_t = tl.load(q_cols + (k * groups_padded + g_offs)[:, None], mask=mask_m[None, :], other=0.0)
+                acc = tl.dot(keys, q_t, acc)
+    norms = tl.load(norms_ptr + batch * stride_nb + rows_n, mask=mask_n, other=0.0).to(tl.float32)
+    out = acc * (norms * scale)[:, None]
+    out_ptrs = out_ptr + batch * stride_ob + rows_m[None, :] * stride_om + rows_n[:, None]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
 
 
 def stream_queries(q_rot: torch.Tensor, bits: int, groups_padded: int) -> torch.Tensor:
@@ -156,8 +156,7 @@ def mse_scores_triton(
     block_m: int | None = None,
     block_n: int = 64,
     num_warps: int = 4,
-    tiles_per_program: int = 8,
-    lookup: bool = True,
+    lookup: str = "codes",
 ) -> torch.Tensor:
     """``scale * <q_rot[b, i], c[codes[b, t]]> * norms[b, t]`` for every b, i, t: (batch, m, n).
 
@@ -168,8 +167,7 @@ def mse_scores_triton(
         norms: key norms (batch, n), float16 or float32.
         centroids: the codebook's 2^bits centroids (unit-sphere scale).
         block_m, block_n, num_warps: tile shape and warps per program (tuning).
-        tiles_per_program: key tiles each program walks (prefetching the next while decoding one).
-        lookup: False skips the centroid lookup and returns wrong values; only for attributing time.
+        lookup: how codes become values (``LOOKUPS``); "none" returns wrong values (benchmark only).
     """
     _check(q_rot, codes, norms, centroids, bits)
     batch, n_queries, dim = q_rot.shape
@@ -187,16 +185,15 @@ def mse_scores_triton(
     if out.numel() == 0:
         return out
     block_m = block_m or min(64, pow2_at_least(n_queries))
-    keys_per_program = block_n * tiles_per_program
-    grid = (triton.cdiv(n_keys, keys_per_program), triton.cdiv(n_queries, block_m), batch)
+    grid = (triton.cdiv(n_keys, block_n), triton.cdiv(n_queries, block_m), batch)
     _mse_scores_kernel[grid](
-        q_stream, codes, norms, centroids.to(device=q_rot.device, dtype=torch.float16).contiguous(), out,
-        n_queries, n_keys, codes.shape[-1], groups, groups_padded, keys_per_program,
+        q_stream, codes, norms, lookup_table(centroids, bits, lookup, q_rot.device), out,
+        n_queries, n_keys, codes.shape[-1], groups, groups_padded,
         q_stream.stride(0), q_stream.stride(1), codes.stride(0), codes.stride(1), norms.stride(0),
         out.stride(0), out.stride(1),
         scale,
         BITS=bits, BYTES_PER_GROUP=bytes_per_group, CODES_PER_GROUP=codes_per_group,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_G=block_g, LOOKUP=lookup, SINGLE_CHUNK=groups <= block_g,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_G=block_g, LOOKUP=LOOKUPS[lookup],
         num_warps=num_warps,
     )
     return out
