@@ -292,7 +292,10 @@ def recall_readings(df: pd.DataFrame) -> list[dict[str, Any]]:
 def summary_markdown(df: pd.DataFrame) -> str:
     """The recall@1@1 table, the method orderings and the paper readings, as Markdown."""
     table = recall_table(df, 1)
-    lines = ["# recall@1@1 (paper Fig. 5, arXiv v1)", "", markdown_table(table.reset_index()), "", "## Orderings at k=1", ""]
+    storage = df[df["k"] == 1].pivot_table(index=["dataset_name", "bits"], columns="method", values="bits_per_coordinate")
+    lines = ["# recall@1@1 (paper Fig. 5, arXiv v1)", "", markdown_table(table.reset_index()), "",
+             "Storage actually spent, bits per coordinate (codes + per-vector norms / correction factors):", "",
+             markdown_table(storage.reset_index(), "{:.2f}"), "", "## Orderings at k=1", ""]
     lines += [f"- {o['dataset_name']}, {o['bits']}-bit: {o['ranking']}; TurboQuant_mse >= PQ >= RaBitQ (paper): "
               f"{o.get('paper_order_holds', 'n/a')}; RaBitQ > TQ_mse > TQ_prod (RaBitQ authors): "
               f"{o.get('rabitq_authors_order_holds', 'n/a')}" for o in orderings(df, 1)]
