@@ -2,18 +2,34 @@
 
 Usage (the whole API the experiments need)::
 
-    from turboquant.kvcache import build_cache, attach
+    from turboquant.kvcache import attach, build_cache
 
-    cache = build_cache("turboquant", model.config, bits=3.5)          # or "full", "kivi", "polarquant",
-    with attach(model, cache):                                          #    "snapkv", "pyramidkv"
+    cache = build_cache("turboquant", model.config, bits=3.5)   # "full", "turboquant", "kivi", "polarquant",
+    with attach(model, cache):                                   # "snapkv", "pyramidkv"
         out = model.generate(**inputs, past_key_values=cache, max_new_tokens=32, do_sample=False)
     print(cache.memory_ratio(), cache.bits_per_value(), cache.summary())
 
-Build a new cache for every prompt (a cache holds one conversation). ``attach`` is a no-op for the
-quantizers and installs the query-capturing hooks the eviction methods (SnapKV, PyramidKV) need during the
-prefill; it is always safe to use. ``memory_ratio=0.25`` (any method) picks the configuration that stores
-at most that fraction of the 16-bit cache (see :func:`options_for_memory_ratio`); every cache reports its
-measured ratio afterwards.
+Build a new cache for every prompt (a cache holds one conversation, batch size fixed at its first update).
+``attach`` is a no-op for the quantizers and installs the query-capturing hooks the eviction methods
+(SnapKV, PyramidKV) need during the prefill; always using it is safe.
+
+Matched memory: ``build_cache(method, model.config, memory_ratio=0.25, context_length=n)`` works for every
+compressed method. The quantizers pick the costliest configuration whose true ratio (codes, norms, scales,
+indices and their 16-bit windows at ``n`` tokens; steady state if ``context_length`` is omitted) is at most
+the target; the eviction methods keep ``floor(0.25 * prompt_tokens)`` tokens per layer (on average for
+PyramidKV). ``full`` takes no memory option. Every cache reports its measured ratio afterwards.
+
+Method options (see each module's docstring for the scheme and its byte formula):
+
+- ``turboquant``: ``bits`` (integer, or ``b + 0.5`` presets), or ``key_bits``/``value_bits``,
+  ``key_variant`` (mse|prod), ``outlier_channels``, ``outlier_key_bits``/``outlier_value_bits``,
+  ``residual_length``, ``boundary_layers``, ``rotation`` (haar|hadamard), ``seed``, ``decode_fn``;
+- ``kivi``: ``bits`` (1-8), ``group_size`` (32), ``residual_length`` (128);
+- ``polarquant``: ``level_bits`` ((4, 2, 2, 2)), ``rotation``, ``seed``, ``residual_length`` (0);
+- ``snapkv``: ``budget`` (tokens per layer) or ``memory_ratio`` (0.25), ``window_size`` (32),
+  ``kernel_size`` (7), ``pooling`` (maxpool|avgpool); ``pyramidkv``: the same and ``beta`` (20);
+- all: ``fp_dtype`` (16-bit storage dtype of full-precision parts; default fp16, or the model's 16-bit
+  dtype), and for the quantizers ``keep_workspace`` (see :mod:`turboquant.kvcache.stream`).
 """
 
 from __future__ import annotations
