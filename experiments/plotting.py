@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,18 +54,19 @@ def figure_style() -> Iterator[None]:
         yield
 
 
-def figure_title(what: str, provenance: Mapping[str, Any]) -> str:
+def figure_title(what: str, provenance: Mapping[str, Any], width: int = 110) -> str:
     """A title naming what is plotted and the data actually used (and any substitution).
 
     ``provenance`` is what the experiment recorded with ``store.record_provenance`` (it reaches
-    ``plot`` as ``df.attrs["provenance"]``): ``description`` (or ``dataset``) and ``substitution``.
+    ``plot`` as ``df.attrs["provenance"]``): ``description`` (or ``dataset``) and ``substitution``
+    (wrapped at ``width`` characters).
     """
     used = provenance.get("description") or provenance.get("dataset")
     if not used:
         raise ValueError("provenance names no data: record_provenance(description=..., ...) before plotting")
     title = f"{what}\n{used}"
     if provenance.get("substitution"):
-        title += f"\nsubstitution: {provenance['substitution']}"
+        title += "\n" + textwrap.fill(f"substitution: {provenance['substitution']}", width=width)
     return title
 
 
