@@ -85,3 +85,24 @@ def test_bad_options_raise_value_errors(options, message):
     shape = ModelShape(num_layers=3, num_kv_heads=2, head_dim=64)
     with pytest.raises(ValueError, match=message):
         build_cache("turboquant", shape, **options)
+
+
+def test_every_written_token_is_stored_packed_and_the_decode_hook_is_used():
+    shape = ModelShape(num_layers=1, num_kv_heads=2, head_dim=64)
+    calls = []
+
+    def decode_fn(encoder, fields):
+        calls.append(fields["codes0"].shape[2])
+        return encoder.decode(fields)
+
+    layer = build_cache("turboquant", shape, key_bits=3, value_bits=2, decode_fn=decode_fn).layers[0]
+    layer.update(torch.randn(1, 2, 10, 64), torch.randn(1, 2, 10, 64), 0)
+    for _ in range(3):
+        keys, values = layer.update(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64), 0)
+    assert keys.shape == values.shape == (1, 2, 13, 64)
+    fields = layer.key_stream.fields
+    assert fields["codes0"].dtype == torch.uint8 and fields["codes0"].shape == (1, 2, 13, 24)  # 64 * 3 bits
+    assert fields["norms0"].dtype == torch.float16 and fields["norms0"].shape == (1, 2, 13)
+    assert layer.value_stream.fields["codes0"].shape == (1, 2, 13, 16)  # 64 * 2 bits
+    assert layer.key_stream.residual is None or layer.key_stream.residual_tokens == 0
+    assert calls == [10, 10, 1, 1, 1, 1, 1, 1]  # each chunk decoded once per stream, through the hook
