@@ -1,0 +1,488 @@
+"""Needle-in-a-haystack with compressed KV caches (paper Fig. 4, arXiv v1).
+
+Protocol (Kamradt's test as used by Fu et al. 2024 and the KV-cache papers):
+
+1. Haystack: Paul Graham's essays (:mod:`experiments.data.haystack`), tokenized once with the model's
+   tokenizer and cut so that the whole chat prompt (system turn, haystack with the needle, question)
+   holds at most ``context`` tokens; the cut is moved back to the end of a sentence.
+2. Needle: "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny
+   day." inserted at *depth* p: at the last sentence boundary at or before haystack token
+   ``round(p * n)`` (p = 0: before the first sentence, p = 1: after the last). The depth actually
+   reached (haystack tokens before the needle / all haystack tokens) is recorded per cell.
+3. The prompt (chat template) is prefilled into a fresh cache of the method, the answer decoded greedily.
+4. Score in [0, 1]: the needle's *answer words* (its content words that are not in the question:
+   eat, sandwich, sit, dolores, park, sunny, day) found in the answer, as a fraction: ROUGE-1 recall of
+   the answer words, case- and punctuation-insensitive (:func:`needle_score`). A verbatim answer scores
+   1, "eat a sandwich" 2/7, a wrong or empty answer 0. Repeating the question earns nothing.
+
+One unit of the :class:`~experiments.io.ResultStore` is one ``(method, context, depth)`` cell, so a
+killed run resumes cell by cell. Every method runs at the same memory budget (``experiment.memory_ratio``,
+25% of the 16-bit cache as in the paper); each cell records the cache's measured bytes and ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+from matplotlib.colors import LinearSegmentedColormap
+from tqdm.auto import tqdm
+
+from experiments.data.haystack import load_haystack
+from experiments.io import ResultStore, config_to_dict, experiment_sizes
+from experiments.models import LoadedModel, load_model, model_spec_from_config
+from experiments.plotting import figure_style, figure_title, save_figure
+from turboquant.kvcache import attach, build_cache
+
+__all__ = [
+    "RESULT_KEYS",
+    "NeedleTask",
+    "NeedlePrompt",
+    "PromptBuilder",
+    "answer_words",
+    "needle_score",
+    "sentence_boundaries",
+    "insert_needle",
+    "run",
+    "plot",
+    "summary_table",
+    "paper_comparison",
+]
+
+#: What a cell's score depends on beyond its unit keys (method + its options, context, depth).
+RESULT_KEYS = ("experiment.name", "experiment.haystack", "experiment.task", "experiment.generation", "model", "seed")
+
+# Function words dropped when choosing the needle's answer words (the question's words are dropped too).
+_STOP_WORDS = frozenset(
+    "a an and the to in on of at is are was be for with by it its this that as or from do does what which".split()
+)
+_WORD = re.compile(r"[a-z0-9]+")
+# A sentence ends with . ! or ?, optionally followed by closing quotes/brackets, then whitespace.
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+")
+
+
+# --------------------------------------------------------------------------- scoring
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower().replace("'s", ""))
+
+
+def answer_words(needle: str, question: str) -> tuple[str, ...]:
+    """The needle's content words absent from the question, in order, without repeats."""
+    asked = set(_words(question))
+    seen: dict[str, None] = {}
+    for word in _words(needle):
+        if word not in _STOP_WORDS and word not in asked:
+            seen.setdefault(word)
+    if not seen:
+        raise ValueError(f"the needle {needle!r} has no content words beyond the question {question!r}")
+    return tuple(seen)
+
+
+def needle_score(answer: str, keywords: tuple[str, ...]) -> float:
+    """ROUGE-1 recall of ``keywords`` in ``answer``: |keywords found| / |keywords| (0 for an empty answer)."""
+    if not keywords:
+        raise ValueError("needle_score needs at least one keyword")
+    found = set(_words(answer))
+    return sum(word in found for word in keywords) / len(keywords)
+
+
+# --------------------------------------------------------------------------- haystack + needle
+def sentence_boundaries(text: str) -> list[int]:
+    """Character offsets where a sentence may start: 0 and just after every sentence end (and its spaces)."""
+    return [0] + [match.end() for match in _SENTENCE_END.finditer(text)]
+
+
+def _cut_at_sentence_end(text: str) -> str:
+    """``text`` up to its last sentence-ending punctuation (the haystack never ends mid-sentence)."""
+    ends = [match.start() + 1 for match in _SENTENCE_END.finditer(text + " ")]
+    if not ends:
+        raise ValueError("the haystack excerpt contains no complete sentence; the context is too short")
+    end = ends[-1]
+    while end < len(text) and text[end] in "\"')]":
+        end += 1
+    return text[:end]
+
+
+def insert_needle(haystack: str, needle: str, char_position: int) -> tuple[str, int]:
+    """Insert ``needle`` at the last sentence boundary at or before ``char_position``.
+
+    Returns the new text and the needle's first character offset. At the end of the text the needle
+    is appended after a space; elsewhere it is followed by a space and the next sentence.
+    """
+    if not 0 <= char_position <= len(haystack):
+        raise ValueError(f"char_position {char_position} outside the haystack [0, {len(haystack)}]")
+    if char_position == len(haystack):
+        return f"{haystack} {needle}", len(haystack) + 1
+    start = max(b for b in sentence_boundaries(haystack) if b <= char_position)
+    return f"{haystack[:start]}{needle} {haystack[start:]}", start
+
+
+@dataclass(frozen=True)
+class NeedleTask:
+    """The needle, its question, and the chat prompt around the haystack."""
+
+    needle: str
+    question: str
+    system: str
+    user_template: str  # with {context} and {question}
+    answer_prefix: str = ""
+
+    def __post_init__(self) -> None:
+        for field_name in ("{context}", "{question}"):
+            if field_name not in self.user_template:
+                raise ValueError(f"task.user_template must contain {field_name}")
+
+    @property
+    def keywords(self) -> tuple[str, ...]:
+        return answer_words(self.needle, self.question)
+
+
+@dataclass(frozen=True)
+class NeedlePrompt:
+    """One cell's prompt: token ids and where the needle landed."""
+
+    input_ids: torch.Tensor  # (1, prompt_tokens)
+    context_length: int
+    depth: float  # requested, in [0, 1]
+    actual_depth: float  # haystack tokens before the needle / haystack tokens
+    haystack_tokens: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.input_ids.shape[-1])
+
+
+class PromptBuilder:
+    """Builds needle prompts of an exact token budget from one tokenized haystack."""
+
+    def __init__(self, tokenizer: Any, haystack: str, task: NeedleTask, max_fit_iterations: int = 8) -> None:
+        self.tokenizer = tokenizer
+        self.task = task
+        self.haystack_ids = self._encode(haystack)
+        self.max_fit_iterations = max_fit_iterations
+        self.overhead = len(self._encode(self._chat_text("")))
+        self.needle_tokens = len(self._encode(" " + task.needle + " "))
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _chat_text(self, context: str) -> str:
+        messages = []
+        if self.task.system:
+            messages.append({"role": "system", "content": self.task.system})
+        user = self.task.user_template.format(context=context, question=self.task.question)
+        messages.append({"role": "user", "content": user})
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return text + self.task.answer_prefix
+
+    def _haystack_text(self, n_tokens: int) -> str:
+        ids = self.haystack_ids
+        if n_tokens > len(ids):  # longer than the essays: repeat them (stated in the row as haystack_repeats)
+            ids = ids * math.ceil(n_tokens / len(ids))
+        return _cut_at_sentence_end(self.tokenizer.decode(ids[:n_tokens]))
+
+    def build(self, context_length: int, depth: float) -> NeedlePrompt:
+        """The prompt of at most ``context_length`` tokens with the needle at ``depth`` (0..1)."""
+        if not 0.0 <= depth <= 1.0:
+            raise ValueError(f"depth must be in [0, 1], got {depth}")
+        budget = context_length - self.overhead - self.needle_tokens
+        if budget < 16:
+            raise ValueError(
+                f"context {context_length} tokens leaves no room for a haystack: the prompt without it takes "
+                f"{self.overhead} tokens and the needle {self.needle_tokens}"
+            )
+        for _ in range(self.max_fit_iterations):
+            haystack = self._haystack_text(budget)
+            haystack_ids = self._encode(haystack)
+            target_token = round(depth * len(haystack_ids))
+            char_position = len(self.tokenizer.decode(haystack_ids[:target_token]))
+            char_position = min(char_position, len(haystack))
+            context, needle_start = insert_needle(haystack, self.task.needle, char_position)
+            ids = self._encode(self._chat_text(context))
+            excess = len(ids) - context_length
+            if excess <= 0:
+                before = len(self._encode(haystack[:needle_start]))
+                return NeedlePrompt(
+                    input_ids=torch.tensor([ids], dtype=torch.long),
+                    context_length=context_length,
+                    depth=depth,
+                    actual_depth=before / max(len(haystack_ids), 1),
+                    haystack_tokens=len(haystack_ids),
+                )
+            budget -= excess + 1
+        raise ValueError(f"could not fit the needle prompt into {context_length} tokens")
+
+
+# --------------------------------------------------------------------------- one cell
+def _method_label(method: dict[str, Any], name: str) -> str:
+    return str(method.get("label", name))
+
+
+@torch.inference_mode()
+def run_cell(
+    loaded: LoadedModel, prompt: NeedlePrompt, cache_method: str, options: dict[str, Any], max_new_tokens: int
+) -> dict[str, Any]:
+    """Prefill + greedy decode one prompt with a fresh cache; the answer, timings and cache accounting."""
+    model, tokenizer = loaded.model, loaded.tokenizer
+    device = next(model.parameters()).device
+    input_ids = prompt.input_ids.to(device)
+    cache = build_cache(cache_method, model.config, **options)
+    start = time.perf_counter()
+    with attach(model, cache):
+        output = model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            cache=cache,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    seconds = time.perf_counter() - start
+    new_tokens = output[0, input_ids.shape[-1] :]
+    return {
+        "answer": tokenizer.decode(new_tokens, skip_special_tokens=True).strip(),
+        "answer_tokens": int(new_tokens.numel()),
+        "seconds": seconds,
+        "cache_nbytes": int(cache.nbytes()),
+        "memory_ratio": float(cache.memory_ratio()),
+        "bits_per_value": float(cache.bits_per_value()),
+        "compression_ratio": float(cache.compression_ratio()),
+    }
+
+
+# --------------------------------------------------------------------------- experiment
+def _task(cfg: Any) -> NeedleTask:
+    task = config_to_dict(cfg.experiment.task)
+    return NeedleTask(
+        needle=task["needle"],
+        question=task["question"],
+        system=task.get("system", ""),
+        user_template=task["user_template"],
+        answer_prefix=task.get("answer_prefix", ""),
+    )
+
+
+def _grid(cfg: Any, max_context: int | None) -> tuple[list[int], list[float]]:
+    sizes = experiment_sizes(cfg)
+    contexts = [int(c) for c in sizes.contexts]
+    depths = [float(d) for d in sizes.depths]
+    if not contexts or not depths:
+        raise ValueError("experiment.sizes.<scale> needs non-empty 'contexts' and 'depths'")
+    bad = [d for d in depths if not 0.0 <= d <= 1.0]
+    if bad:
+        raise ValueError(f"depths are fractions in [0, 1]; got {bad}")
+    if max_context is not None and max(contexts) > max_context:
+        raise ValueError(f"context {max(contexts)} exceeds the model's {max_context}-token window; pick another model")
+    return contexts, depths
+
+
+def _methods(cfg: Any) -> dict[str, dict[str, Any]]:
+    methods = config_to_dict(cfg.experiment.methods)
+    if not methods:
+        raise ValueError("experiment.methods is empty")
+    for name, method in methods.items():
+        if "cache" not in method:
+            raise ValueError(f"method {name!r} lacks 'cache' (the turboquant.kvcache method name)")
+    return methods
+
+
+def _describe(loaded: LoadedModel, haystack_source: dict[str, Any]) -> dict[str, Any]:
+    haystack = f"{haystack_source['package']}=={haystack_source['version']}"
+    return {
+        "description": f"model: {loaded.label}; haystack: Paul Graham essays ({haystack})",
+        "substitution": (
+            f"{loaded.spec.display_name} instead of {loaded.spec.substitutes_for}" if loaded.spec.substitutes_for else ""
+        ),
+        "model": loaded.provenance,
+        "model_label": loaded.label,
+        "haystack": haystack_source,
+    }
+
+
+def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
+    """Every (method, context, depth) cell not yet in ``store``; writes the summary table; the frame."""
+    spec = model_spec_from_config(cfg.model)
+    contexts, depths = _grid(cfg, spec.max_context)
+    methods = _methods(cfg)
+    task = _task(cfg)
+    max_new_tokens = int(cfg.experiment.generation.max_new_tokens)
+    cells = [(name, c, d) for name in methods for c in contexts for d in depths]
+    units = [
+        {"method": name, "method_options": json.dumps(methods[name], sort_keys=True), "context": c, "depth": d}
+        for name, c, d in cells
+    ]
+    todo = [(cell, unit) for cell, unit in zip(cells, units) if not store.is_done(unit)]
+    if todo:
+        torch.manual_seed(int(cfg.seed))
+        loaded = load_model(spec, device=cfg.scale.device)
+        haystack = load_haystack(cfg.experiment.haystack)
+        store.record_provenance(**_describe(loaded, haystack.source))
+        builder = PromptBuilder(loaded.tokenizer, haystack.text, task)
+        prompts: dict[tuple[int, float], NeedlePrompt] = {}
+        for (name, context, depth), unit in tqdm(todo, desc="needle cells", unit="cell"):
+            if (context, depth) not in prompts:
+                prompts[(context, depth)] = builder.build(context, depth)
+            prompt = prompts[(context, depth)]
+            method = methods[name]
+            result = run_cell(loaded, prompt, method["cache"], dict(method.get("options") or {}), max_new_tokens)
+            row = {
+                "method_label": _method_label(method, name),
+                "paper_method": method.get("paper_method") or "",
+                "haystack": cfg.experiment.haystack,
+                "model": spec.name,
+                "model_label": loaded.label,
+                "prompt_tokens": prompt.prompt_tokens,
+                "haystack_tokens": prompt.haystack_tokens,
+                "actual_depth": prompt.actual_depth,
+                "haystack_repeats": prompt.haystack_tokens > len(builder.haystack_ids),
+                "score": needle_score(result["answer"], task.keywords),
+                **result,
+            }
+            store.save_unit(unit, [row])
+    frame = store.frame(units)
+    if not frame.empty:
+        _write_summary(frame, store.directory)
+    return frame
+
+
+# --------------------------------------------------------------------------- tables
+def summary_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean score and measured cache size per method (methods in first-appearance order)."""
+    if df.empty:
+        raise ValueError("no needle rows to summarise")
+    order = list(dict.fromkeys(df["method"]))
+    grouped = df.groupby("method", sort=False)
+    table = pd.DataFrame(
+        {
+            "method": order,
+            "label": [grouped.get_group(m)["method_label"].iloc[0] for m in order],
+            "mean_score": [grouped.get_group(m)["score"].mean() for m in order],
+            "cells": [len(grouped.get_group(m)) for m in order],
+            "bits_per_value": [grouped.get_group(m)["bits_per_value"].mean() for m in order],
+            "memory_ratio": [grouped.get_group(m)["memory_ratio"].mean() for m in order],
+            "compression_ratio": [grouped.get_group(m)["compression_ratio"].mean() for m in order],
+            "seconds_per_cell": [grouped.get_group(m)["seconds"].mean() for m in order],
+        }
+    )
+    paper = _paper_scores()
+    table["paper_method"] = [str(grouped.get_group(m)["paper_method"].fillna("").iloc[0]) for m in order]
+    table["paper_score_arxiv_v1"] = [paper.get(p, np.nan) for p in table["paper_method"]]
+    table["model"] = df["model_label"].iloc[0]
+    return table
+
+
+def _paper_scores() -> dict[str, float]:
+    from experiments.compare import load_paper_numbers
+
+    prefix = "needle.score."
+    return {n.id[len(prefix) :]: n.value for n in load_paper_numbers() if n.id.startswith(prefix)}
+
+
+def _write_summary(df: pd.DataFrame, directory: Path) -> list[Path]:
+    table = summary_table(df)
+    directory.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = directory / "summary.csv", directory / "summary.md"
+    table.to_csv(csv_path, index=False)
+    contexts = sorted(df["context"].unique())
+    lines = [
+        f"# Needle-in-a-haystack, model: {table['model'].iloc[0]}",
+        "",
+        f"contexts {', '.join(str(int(c)) for c in contexts)} tokens x {df['depth'].nunique()} depths; "
+        "score = ROUGE-1 recall of the needle's answer words (experiments/needle.py).",
+        "",
+        "| method | mean score | cells | bits/value | memory ratio | compression | s/cell | paper (arXiv v1, Llama-3.1-8B) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in table.itertuples():
+        paper = "" if math.isnan(row.paper_score_arxiv_v1) else f"{row.paper_score_arxiv_v1:.3f}"
+        lines.append(
+            f"| {row.label} | {row.mean_score:.3f} | {row.cells} | {row.bits_per_value:.2f} | "
+            f"{row.memory_ratio:.3f} | {row.compression_ratio:.2f}x | {row.seconds_per_cell:.1f} | {paper} |"
+        )
+    md_path.write_text("\n".join(lines) + "\n")
+    return [csv_path, md_path]
+
+
+def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Mean needle score of each method that stands for one of the paper's (``paper_method`` set)."""
+    if df.empty:
+        return []
+    known = _paper_scores()
+    out = []
+    for paper_method, rows in df[df["paper_method"].fillna("").isin(known)].groupby("paper_method"):
+        out.append(
+            {
+                "id": f"needle.score.{paper_method}",
+                "value": float(rows["score"].mean()),
+                "detail": (
+                    f"{rows['method_label'].iloc[0]}, {len(rows)} cells (contexts "
+                    f"{sorted(int(c) for c in rows['context'].unique())}), model {rows['model_label'].iloc[0]}, "
+                    f"measured {rows['bits_per_value'].mean():.2f} bits/value"
+                ),
+            }
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- figure
+#: Red (miss) - yellow - green (found), the palette of the Fu et al. / Kamradt heatmaps.
+NEEDLE_CMAP = LinearSegmentedColormap.from_list("needle", ["#F0496E", "#EBB839", "#0CD79F"])
+
+
+def _context_label(tokens: int) -> str:
+    return f"{tokens / 1024:g}K" if tokens % 512 == 0 else f"{tokens / 1000:g}k"
+
+
+def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
+    """One heatmap per method (context on x, depth on y, shared 0-1 colour scale), mean score in the title."""
+    if df.empty:
+        raise ValueError("no needle rows to plot")
+    provenance = df.attrs.get("provenance", {})
+    methods = list(dict.fromkeys(df["method"]))
+    contexts = sorted(int(c) for c in df["context"].unique())
+    depths = sorted(float(d) for d in df["depth"].unique())
+    ncols = min(4, len(methods))
+    nrows = math.ceil(len(methods) / ncols)
+    annotate = len(contexts) * len(depths) <= 120
+    with figure_style():
+        fig, axes = plt.subplots(
+            nrows, ncols, figsize=(2.7 * ncols + 0.8, 2.5 * nrows + 1.0), squeeze=False, constrained_layout=True
+        )
+        image = None
+        for ax, method in zip(axes.flat, methods):
+            rows = df[df["method"] == method]
+            grid = rows.pivot_table(index="depth", columns="context", values="score", aggfunc="mean")
+            grid = grid.reindex(index=depths, columns=contexts)
+            image = ax.imshow(grid.to_numpy(), cmap=NEEDLE_CMAP, vmin=0.0, vmax=1.0, aspect="auto")
+            ax.set_xticks(range(len(contexts)), [_context_label(c) for c in contexts])
+            ax.set_yticks(range(len(depths)), [f"{100 * d:g}%" for d in depths])
+            ax.grid(False)
+            if annotate:
+                for (i, j), value in np.ndenumerate(grid.to_numpy()):
+                    if not np.isnan(value):
+                        ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6)
+            label = rows["method_label"].iloc[0]
+            ratio = rows["memory_ratio"].mean()
+            ax.set_title(f"{label}\nscore {rows['score'].mean():.3f} · {100 * ratio:.0f}% memory")
+            ax.set_xlabel("context length (tokens)")
+            ax.set_ylabel("needle depth")
+        for ax in list(axes.flat)[len(methods) :]:
+            ax.set_visible(False)
+        fig.colorbar(image, ax=axes, shrink=0.8, label="score")
+        budget = float(cfg.experiment.memory_ratio)
+        fig.suptitle(
+            figure_title(f"Needle-in-a-haystack (paper Fig. 4), every cache at ≤{100 * budget:g}% of the 16-bit KV memory", provenance)
+        )
+        return save_figure(fig, figures_dir, f"fig4_needle_{cfg.model.name}")

