@@ -12,6 +12,10 @@ independently in every layer and KV head:
 3. the ``budget - w`` prefix tokens with the highest pooled votes are kept (in their original order) together
    with the window; everything else is dropped for good. Tokens generated later are appended unmodified.
 
+The defaults (``w = 32``, max-pool, kernel 7) are those of SnapKV's LongBench run script
+(``ablation_c4096_w32_k7_maxpool``); PyramidKV's code defaults to avg-pool, kernel 5 (``pooling=``,
+``kernel_size=`` select them).
+
 With grouped-query attention the votes of the query heads sharing a KV head are averaged (as the
 GQA-aware ports do; SnapKV's own code repeats the KV heads instead, which stores them once per query head).
 
