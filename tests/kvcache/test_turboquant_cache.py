@@ -106,3 +106,15 @@ def test_every_written_token_is_stored_packed_and_the_decode_hook_is_used():
     assert layer.value_stream.fields["codes0"].shape == (1, 2, 13, 16)  # 64 * 2 bits
     assert layer.key_stream.residual is None or layer.key_stream.residual_tokens == 0
     assert calls == [10, 10, 1, 1, 1, 1, 1, 1]  # each chunk decoded once per stream, through the hook
+
+
+def test_keys_only_split_as_in_the_authors_code():
+    shape = ModelShape(num_layers=1, num_kv_heads=2, head_dim=128)
+    cache = build_cache("turboquant", shape, bits=2.5, value_bits=2, value_outliers=False)
+    config = TurboQuantCacheConfig(**{**turboquant_preset(2.5, 128), "value_outliers": False})
+    assert config.groups(128, "value") == [(128, 2)]
+    assert nominal_bits_per_value(config, 128) == pytest.approx((2.5 + 2 + 16 / 128) / 2)
+    layer = cache.layers[0]
+    layer.update(torch.randn(1, 2, 40, 128), torch.randn(1, 2, 40, 128), 0)
+    assert layer.value_stream.encoder.side_nbytes() == 0 and layer.key_stream.encoder.side_nbytes() == 2 * 32
+    assert layer.nbytes() == layer.expected_nbytes()

@@ -22,7 +22,7 @@ PyramidKV). ``full`` takes no memory option. Every cache reports its measured ra
 Method options (see each module's docstring for the scheme and its byte formula):
 
 - ``turboquant``: ``bits`` (integer, or ``b + 0.5`` presets), or ``key_bits``/``value_bits``,
-  ``key_variant`` (mse|prod), ``outlier_channels``, ``outlier_key_bits``/``outlier_value_bits``,
+  ``key_variant`` (mse|prod), ``outlier_channels``, ``outlier_key_bits``/``outlier_value_bits``, ``value_outliers``,
   ``residual_length``, ``boundary_layers``, ``rotation`` (haar|hadamard), ``seed``, ``decode_fn``;
 - ``kivi``: ``bits`` (1-8), ``group_size`` (32), ``residual_length`` (128);
 - ``polarquant``: ``level_bits`` ((4, 2, 2, 2)), ``rotation``, ``seed``, ``residual_length`` (0);

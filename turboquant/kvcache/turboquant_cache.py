@@ -34,6 +34,9 @@ with channel groups ``m_j`` at ``b_j`` bits)::
     nbytes = B*H*[ n_q * (token_bytes(K) + token_bytes(V)) + 2 * 2*d*n_r + index_bytes ]
     index_bytes = (k_K + k_V) * (1 if d <= 256 else 2)      (outlier channel indices, 0 without a split)
 
+``value_outliers=False`` splits the keys only (values at ``value_bits`` throughout), which is what the
+authors' supplementary code does (2.5-bit keys with 32 outlier channels, 2-bit values).
+
 Boundary layers cost ``2*B*H*n*d*2`` bytes like the full cache.
 
 Attention on CPU reads the keys back through the library's torch dequantization (``TurboQuantMSE.dequantize``
@@ -71,6 +74,7 @@ class TurboQuantCacheConfig:
     outlier_channels: int = 0
     outlier_key_bits: int | None = None
     outlier_value_bits: int | None = None
+    value_outliers: bool = True
     residual_length: int = 0
     boundary_layers: int = 0
     rotation: str = "haar"
@@ -106,7 +110,7 @@ class TurboQuantCacheConfig:
     def groups(self, head_dim: int, stream: str) -> list[tuple[int, int]]:
         """``(channels, bits)`` of each channel group of ``stream`` ("key"/"value"), outliers first."""
         bits = self.key_bits if stream == "key" else self.value_bits
-        if self.outlier_channels == 0:
+        if self.outlier_channels == 0 or (stream == "value" and not self.value_outliers):
             return [(head_dim, bits)]
         high = self.outlier_key_bits_resolved if stream == "key" else self.outlier_value_bits_resolved
         return [(self.outlier_channels, high), (head_dim - self.outlier_channels, bits)]
@@ -265,7 +269,7 @@ class TurboQuantLayer(CompressedLayer):
 def turboquant_nbytes_per_head(config: TurboQuantCacheConfig, d: int, n_q: int, n_r: int) -> int:
     """The module docstring's byte formula for one quantized layer, batch row and KV head."""
     per_token = token_bytes(config.groups(d, "key"), config.key_variant) + token_bytes(config.groups(d, "value"), "mse")
-    index_bytes = 2 * config.outlier_channels * index_itemsize(d)
+    index_bytes = (1 + config.value_outliers) * config.outlier_channels * index_itemsize(d)
     return n_q * per_token + 2 * 2 * d * n_r + index_bytes
 
 
