@@ -163,8 +163,8 @@ def truncate_middle(token_ids: Sequence[int], max_length: int) -> list[int]:
     """LongBench's truncation: a prompt of more than ``max_length`` tokens keeps its first and last
     ``half = int(max_length / 2)`` tokens and drops the middle.
 
-    (LongBench decodes the two halves back to text and re-tokenises; we keep the token ids, which is the
-    same cut without the re-tokenisation drift.)
+    The experiment then decodes the two halves back to text and joins them, as LongBench does, because
+    the chat template is applied to text (:func:`experiments.longbench.experiment.build_input_ids`).
     """
     if max_length < 2:
         raise ValueError(f"max_length must be at least 2 tokens, got {max_length}")
