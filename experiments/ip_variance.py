@@ -157,7 +157,10 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
         ax.set_xlabel(r"average inner product $\langle y,x\rangle$ of the bucket")
         ax.set_ylabel("inner-product error")
         ax.set_title("bias and spread per bucket")
-        ax.legend(loc="best")
+        low = float((summaries["mean_error"] - summaries["std_error"]).min())
+        high = float((summaries["mean_error"] + summaries["std_error"]).max())
+        ax.set_ylim(low - 0.05 * (high - low), high + 0.7 * (high - low))  # room for the legend above the bars
+        ax.legend(loc="upper right")
         ax.xaxis.set_major_locator(MaxNLocator(5))
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=n_buckets,
