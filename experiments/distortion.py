@@ -119,14 +119,14 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
     bits = np.sort(df["bits"].unique())
     bounds = _bound_curves(bits, dim)
     with figure_style():
-        fig, (ax_prod, ax_mse) = plt.subplots(1, 2, figsize=(9.0, 3.8), constrained_layout=True)
+        fig, (ax_prod, ax_mse) = plt.subplots(1, 2, figsize=(9.0, 4.4), constrained_layout=True)
         for method, label in METHODS.items():
             rows = df[df["method"] == method].sort_values("bits")
             if rows.empty:
                 continue
             color = METHOD_COLORS[method]
             ax_prod.plot(rows["bits"], rows["d_prod"], "o-", color=color, label=f"{label} (measured)")
-            mse_label = f"{label} (measured)" if method == "mse" else f"{label} (measured; MSE is not its goal)"
+            mse_label = f"{label} (measured)" if method == "mse" else f"{label} (measured; not an MSE quantizer)"
             ax_mse.plot(rows["bits"], rows["d_mse"], "o-" if method == "mse" else "o:", color=color, label=mse_label)
         for ax, kind, theorem in ((ax_prod, "prod", "Thm. 2"), (ax_mse, "mse", "Thm. 1")):
             ax.plot(bits, bounds[f"{kind}_upper"], "--", color=METHOD_COLORS["bound"], label=f"upper bound ({theorem})")
@@ -134,10 +134,10 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
             ax.set_yscale("log")
             ax.set_xticks(bits)
             ax.set_xlabel("bit width b (bits per coordinate)")
-            ax.legend(loc="lower left")
-        ax_prod.set_ylabel(r"inner-product error $D_{prod}=E(\langle y,x\rangle-\langle y,\tilde x\rangle)^2$")
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
+        ax_prod.set_ylabel("inner-product error $D_{prod}$\n" r"$E(\langle y,x\rangle-\langle y,\tilde x\rangle)^2$")
         ax_prod.set_title(f"(a) inner-product error, ‖y‖ = 1, d = {dim}")
-        ax_mse.set_ylabel(r"MSE $D_{mse}=E\|x-\tilde x\|^2$")
+        ax_mse.set_ylabel("mean squared error $D_{mse}$\n" r"$E\|x-\tilde x\|^2$")
         ax_mse.set_title("(b) mean squared error, ‖x‖ = 1")
         fig.suptitle(figure_title("TurboQuant distortion vs bit width (paper Fig. 3)", provenance))
         return save_figure(fig, figures_dir, f"fig3_distortion_{cfg.dataset.name}")
