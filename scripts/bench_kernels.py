@@ -185,7 +185,7 @@ def bench_scores(timer, device, copy_bw, sizes, bits_list, variants) -> list[Row
             sl = slice(0, min(batch, 4))
             ref = mse_scores_reference(q[sl], codes[sl, :4096], norms[sl, :4096], cent, bits)
             for name, kw in variants.items():
-                if kw.get("lookup") == "pairs" and bits != 4:
+                if kw.get("lookup") in ("pairs", "prmt") and bits != 4:
                     continue
                 out_dtype = kw.get("out_dtype", torch.float32)
                 err = rel_err(mse_scores_triton(q[sl], codes[sl, :4096], norms[sl, :4096], cent, bits, **kw), ref)
@@ -319,12 +319,12 @@ def main(argv: list[str] | None = None) -> None:
                       "bn64 w4 st2": dict(block_n=64, num_warps=4, num_stages=2),
                       "bn128 w8 st3": dict(block_n=128, num_warps=8, num_stages=3)}
         s_variants = {"bn128 w4 codes": dict(block_n=128, num_warps=4),
-                      "bn64 w4 codes": dict(block_n=64, num_warps=4),
-                      "bn128 w4 pairs": dict(block_n=128, num_warps=4, lookup="pairs"),
-                      "bn64 w4 pairs": dict(block_n=64, num_warps=4, lookup="pairs"),
-                      "bn128 w8 pairs": dict(block_n=128, num_warps=8, lookup="pairs"),
-                      "bn128 w4 pairs bf16-out": dict(block_n=128, num_warps=4, lookup="pairs",
-                                                      out_dtype=torch.bfloat16),
+                      "bn128 w4 prmt": dict(block_n=128, num_warps=4, lookup="prmt"),
+                      "bn64 w4 prmt": dict(block_n=64, num_warps=4, lookup="prmt"),
+                      "bn128 w8 prmt": dict(block_n=128, num_warps=8, lookup="prmt"),
+                      "bn256 w8 prmt": dict(block_n=256, num_warps=8, lookup="prmt"),
+                      "bn128 w4 prmt bf16-out": dict(block_n=128, num_warps=4, lookup="prmt",
+                                                     out_dtype=torch.bfloat16),
                       "bn128 w4 no-lookup": dict(block_n=128, num_warps=4, lookup="none")}
         d_variants = {"bn64 w4 2x codes": dict(block_n=64, num_warps=4, split_factor=2),
                       "bn64 w4 pairs": dict(block_n=64, num_warps=4, lookup="pairs"),

@@ -262,7 +262,7 @@ def decode_attention_triton(
 
     k_groups = pow2_at_least(num_groups(dim, k_bits))
     q_rot = q.to(torch.float32) @ rotation.to(device=q.device, dtype=torch.float32).T
-    q_stream = stream_queries(q_rot, k_bits, k_groups)
+    q_stream = stream_queries(q_rot, k_cpg, k_groups)
     codes_norms = []
     for t in (k_codes, k_norms, v_codes, v_norms):
         codes_norms.append(t if t.stride(-1) == 1 else t.contiguous())
