@@ -185,17 +185,15 @@ def bench_scores(timer, device, copy_bw, sizes, bits_list, variants) -> list[Row
             sl = slice(0, min(batch, 4))
             ref = mse_scores_reference(q[sl], codes[sl, :4096], norms[sl, :4096], cent, bits)
             for name, kw in variants.items():
-                if kw.get("lookup") in ("pairs", "prmt") and bits != 4:
-                    continue
                 out_dtype = kw.get("out_dtype", torch.float32)
                 err = rel_err(mse_scores_triton(q[sl], codes[sl, :4096], norms[sl, :4096], cent, bits, **kw), ref)
                 tolerance = 2e-3 if out_dtype == torch.float32 else 1e-2
-                if kw.get("lookup") != "none" and not err < tolerance:
+                if kw.get("lookup", True) and not err < tolerance:
                     raise AssertionError(f"scores {name}: rel err {err}")
                 moved = codes.numel() + norms.numel() * 2 + q.numel() * 4 + batch * group * ctx * (
                     torch.finfo(out_dtype).bits // 8)
                 t = timer(lambda: mse_scores_triton(q, codes, norms, cent, bits, **kw))
-                check = f"rel err {err:.1e}" if kw.get("lookup") != "none" else "diagnostic (no lookup)"
+                check = f"rel err {err:.1e}" if kw.get("lookup", True) else "diagnostic (no lookup)"
                 rows.append(Row("scores", f"b={bits} {name}", size, t, moved, 1e6 * moved / copy_bw,
                                 "fp32 matmul", t32, check))
                 rows.append(Row("scores", f"b={bits} {name}", size, t, moved, 1e6 * moved / copy_bw,
@@ -267,15 +265,16 @@ def bench_decode(timer, device, copy_bw, sizes, bits_pairs, variants) -> list[Ro
             for name, kw in variants.items():
                 kw = dict(kw)
                 factor = kw.pop("split_factor", 1)
-                kw["num_splits"] = factor * default_num_splits(bsz, HEADS_KV, ctx, device, kw.get("block_n", 64))
+                kw["num_splits"] = max(1, round(factor * default_num_splits(bsz, HEADS_KV, ctx, device,
+                                                                               kw.get("block_n", 64))))
                 err = rel_err(decode_attention_triton(*args, **common, **kw), ref)
-                if kw.get("lookup") != "none" and not err < 1e-2:
+                if kw.get("lookup", True) and not err < 1e-2:
                     raise AssertionError(f"decode {name}: rel err {err}")
                 t = timer(lambda: decode_attention_triton(q, k_codes, k_norms, v_codes, v_norms, seq_lens,
                                                           **common, **kw))
                 rows.append(Row("decode", f"K{k_bits}V{v_bits} {name}", size, t, moved, 1e6 * moved / copy_bw,
                                 f"sdpa bf16 ({base_name})", t_base,
-                                f"rel err {err:.1e} (bf16 out)" if kw.get("lookup") != "none" else "diagnostic (no lookup)"))
+                                f"rel err {err:.1e} (bf16 out)" if kw.get("lookup", True) else "diagnostic (no lookup)"))
             del k_codes, k_norms, v_codes, v_norms
         bf16_bytes = 2 * bsz * HEADS_KV * ctx * HEAD_DIM * 2
         if device.type == "cuda":
@@ -315,24 +314,13 @@ def main(argv: list[str] | None = None) -> None:
         n_vectors = 1 << 24
         s_sizes = [(8, 8192), (8, 32768), (32, 32768), (16, 131072)]
         d_sizes = [(1, 8192), (8, 8192), (8, 32768), (32, 32768), (16, 131072)]
-        q_variants = {"bn64 w4 st3": dict(block_n=64, num_warps=4, num_stages=3),
-                      "bn64 w4 st2": dict(block_n=64, num_warps=4, num_stages=2),
-                      "bn128 w8 st3": dict(block_n=128, num_warps=8, num_stages=3)}
-        s_variants = {"bn128 w4 codes": dict(block_n=128, num_warps=4),
-                      "bn128 w4 prmt": dict(block_n=128, num_warps=4, lookup="prmt"),
-                      "bn64 w4 prmt": dict(block_n=64, num_warps=4, lookup="prmt"),
-                      "bn128 w8 prmt": dict(block_n=128, num_warps=8, lookup="prmt"),
-                      "bn256 w8 prmt": dict(block_n=256, num_warps=8, lookup="prmt"),
-                      "bn128 w4 prmt bf16-out": dict(block_n=128, num_warps=4, lookup="prmt",
-                                                     out_dtype=torch.bfloat16),
-                      "bn128 w4 no-lookup": dict(block_n=128, num_warps=4, lookup="none")}
-        d_variants = {"bn64 w4 2x codes": dict(block_n=64, num_warps=4, split_factor=2),
-                      "bn64 w4 pairs": dict(block_n=64, num_warps=4, lookup="pairs"),
-                      "bn64 w4 2x pairs": dict(block_n=64, num_warps=4, lookup="pairs", split_factor=2),
-                      "bn32 w4 2x pairs": dict(block_n=32, num_warps=4, lookup="pairs", split_factor=2),
-                      "bn128 w8 2x pairs": dict(block_n=128, num_warps=8, lookup="pairs", split_factor=2),
-                      "bn64 w4 4x pairs": dict(block_n=64, num_warps=4, lookup="pairs", split_factor=4),
-                      "bn64 w4 2x no-lookup": dict(block_n=64, num_warps=4, lookup="none", split_factor=2)}
+        q_variants = {"default (bn64 w4 st3)": {}, "bn64 w4 st2": dict(num_stages=2),
+                      "bn128 w8 st3": dict(block_n=128, num_warps=8)}
+        s_variants = {"default (bn128 w4)": {}, "bn64 w4": dict(block_n=64),
+                      "bf16-out": dict(out_dtype=torch.bfloat16),
+                      "no-lookup": dict(lookup=False)}
+        d_variants = {"default (bn64 w4, 8/SM)": {}, "bn64 w4 4/SM": dict(split_factor=0.5),
+                      "bn32 w4": dict(block_n=32), "no-lookup": dict(lookup=False)}
         copy_bytes = 1 << 31
     copy_bw = copy_bandwidth(timer, device, copy_bytes)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"

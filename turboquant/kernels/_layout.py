@@ -17,13 +17,14 @@ codes (``lcm(b, 8)`` bits).
 ====  =================  =================
 
 Code ``k`` of group ``g`` is coordinate ``g * codes_per_group + k`` and sits at bit ``k * b`` of the
-group's little-endian word. A kernel loads a tile of words ``(rows, groups)``, shifts it by
-``k * b`` for every ``k`` at once (a 3-D ``(rows, codes_per_group, groups)`` tensor) and flattens
-it to ``(rows, codes_per_group * groups)``: the coordinates come out in *stream order*, position
-``k * groups + g`` holding coordinate ``g * codes_per_group + k``. Rather than shuffling codes back
-into coordinate order, every kernel reads or writes its other operand (the query, the rotation
-matrix, the output) at the stream-order offsets, so a tile of codes goes to ``tl.dot`` as loaded,
-with no shuffles and with 16-byte loads for b = 1, 2, 4 (one byte per group).
+group's little-endian word. A kernel loads a tile of words ``(rows, groups)`` (16-byte loads for
+b = 1, 2, 4, one byte per group) and takes code ``k`` of every group with one shift and mask: a
+``(rows, groups)`` tile holding coordinates ``g * codes_per_group + k``. Rather than shuffling codes
+back into coordinate order in registers, the kernels multiply that tile with the matching
+coordinates of the other operand, which the host lays out in *stream order* once (position
+``k * groups + g`` holds coordinate ``g * codes_per_group + k``: ``scores.stream_queries``,
+``quantize.stream_rotation``). Only the generic value path of decode attention (widths other than
+4 bits) builds a full stream-order tile (``words_to_stream_codes``).
 """
 from __future__ import annotations
 
@@ -87,15 +88,6 @@ def words_to_stream_codes(word, BITS: tl.constexpr, CODES_PER_GROUP: tl.constexp
     shifts = tl.arange(0, CODES_PER_GROUP) * BITS
     codes = (word[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1)
     return tl.reshape(codes, (word.shape[0], CODES_PER_GROUP * word.shape[1]))
-
-
-@triton.jit
-def stream_codes_to_words(codes, BITS: tl.constexpr, CODES_PER_GROUP: tl.constexpr):
-    """Inverse of :func:`words_to_stream_codes`: codes (rows, CODES_PER_GROUP * groups) -> words (rows, groups)."""
-    n_groups: tl.constexpr = codes.shape[1] // CODES_PER_GROUP
-    codes3 = tl.reshape(codes, (codes.shape[0], CODES_PER_GROUP, n_groups))
-    shifts = tl.arange(0, CODES_PER_GROUP) * BITS
-    return tl.sum(codes3 << shifts[None, :, None], axis=1)
 
 
 @triton.jit

@@ -36,7 +36,7 @@ from ._layout import (
     stream_coordinates,
     words_to_stream_codes,
 )
-from .scores import LOOKUPS, decode_codes, decode_pairs, lookup_table, stream_queries
+from .scores import decode_codes, stream_queries
 
 
 @triton.jit
@@ -50,8 +50,8 @@ def _decode_split_kernel(
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
     scale_log2,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    K_BITS: tl.constexpr, K_BPG: tl.constexpr, K_CPG: tl.constexpr, K_GROUPS: tl.constexpr, K_LOOKUP: tl.constexpr,
-    V_BITS: tl.constexpr, V_BPG: tl.constexpr, V_CPG: tl.constexpr, V_GROUPS: tl.constexpr, V_LOOKUP: tl.constexpr,
+    K_BITS: tl.constexpr, K_BPG: tl.constexpr, K_CPG: tl.constexpr, K_GROUPS: tl.constexpr,
+    V_BITS: tl.constexpr, V_BPG: tl.constexpr, V_CPG: tl.constexpr, V_GROUPS: tl.constexpr, LOOKUP: tl.constexpr,
 ):
     """One (batch row, KV head, split). Logits are kept transposed, (tokens, heads), so decoded keys
     are the A operand of tl.dot; ``q_ptr`` is the rotated query in stream order (``stream_queries``).
@@ -88,15 +88,9 @@ def _decode_split_kernel(
         tok_mask = toks < end
         k_words = load_group_words(k_codes + toks.to(tl.int64) * stride_kcn, tok_mask, k_groups, k_row_bytes, K_BPG)
         logits = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        if K_LOOKUP == 2:
-            k_even, k_odd = decode_pairs(k_words, k_cent_ptr)
-            logits = tl.dot(k_even, tl.load(q_cols + k_groups[:, None], mask=head_mask[None, :], other=0.0), logits)
-            logits = tl.dot(k_odd, tl.load(q_cols + (K_GROUPS + k_groups)[:, None], mask=head_mask[None, :], other=0.0),
-                            logits)
-        else:
-            for k in tl.static_range(K_CPG):
-                q_t = tl.load(q_cols + (k * K_GROUPS + k_groups)[:, None], mask=head_mask[None, :], other=0.0)
-                logits = tl.dot(decode_codes(k_words, k_cent_ptr, k, K_BITS, K_LOOKUP), q_t, logits)
+        for k in tl.static_range(K_CPG):
+            q_t = tl.load(q_cols + (k * K_GROUPS + k_groups)[:, None], mask=head_mask[None, :], other=0.0)
+            logits = tl.dot(decode_codes(k_words, k_cent_ptr, k, K_BITS, LOOKUP), q_t, logits)
         k_norm = tl.load(k_norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
         logits = logits * (k_norm * scale_log2)[:, None]
         logits = tl.where(tok_mask[:, None], logits, float("-inf"))
@@ -108,16 +102,12 @@ def _decode_split_kernel(
         p_t = tl.trans((p * v_norm[:, None]).to(tl.float16))
         v_rows = v_codes + toks.to(tl.int64) * stride_vcn
         v_words = load_group_words(v_rows, tok_mask, v_groups, v_row_bytes, V_BPG)
-        if V_LOOKUP == 2:
-            v_even, v_odd = decode_pairs(v_words, v_cent_ptr)
-            acc_even = tl.dot(p_t, v_even, acc_even * alpha[:, None])
-            acc_odd = tl.dot(p_t, v_odd, acc_odd * alpha[:, None])
-        elif V_CPG == 2:
-            acc_even = tl.dot(p_t, decode_codes(v_words, v_cent_ptr, 0, V_BITS, V_LOOKUP), acc_even * alpha[:, None])
-            acc_odd = tl.dot(p_t, decode_codes(v_words, v_cent_ptr, 1, V_BITS, V_LOOKUP), acc_odd * alpha[:, None])
+        if V_CPG == 2:
+            acc_even = tl.dot(p_t, decode_codes(v_words, v_cent_ptr, 0, V_BITS, LOOKUP), acc_even * alpha[:, None])
+            acc_odd = tl.dot(p_t, decode_codes(v_words, v_cent_ptr, 1, V_BITS, LOOKUP), acc_odd * alpha[:, None])
         else:
             v_stream = words_to_stream_codes(v_words, V_BITS, V_CPG)
-            if V_LOOKUP == 1:
+            if LOOKUP:
                 values = tl.load(v_cent_ptr + v_stream)
             else:
                 values = v_stream.to(tl.float16)
@@ -205,9 +195,12 @@ def _check(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_bits, v_bits, rota
 
 def default_num_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device,
                        block_n: int) -> int:
-    """Splits so that about four programs per SM run (flash-decoding), at least one tile per split."""
+    """Splits so that about eight programs per SM run (flash-decoding), at least one tile per split.
+
+    Eight rather than four: on the H200 twice the splits ran 5-10% faster at batch 8 (benchmarks/NOTES.md).
+    """
     n_sm = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    wanted = triton.cdiv(4 * n_sm, batch * n_kv_heads)
+    wanted = triton.cdiv(8 * n_sm, batch * n_kv_heads)
     return max(1, min(wanted, triton.cdiv(max_tokens, block_n)))
 
 
@@ -230,7 +223,7 @@ def decode_attention_triton(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
-    lookup: str = "codes",
+    lookup: bool = True,
 ) -> torch.Tensor:
     """Attention of one new query token per sequence over a packed cache: (batch, query_heads, head_dim).
 
@@ -245,8 +238,7 @@ def decode_attention_triton(
         scale: softmax scale, default 1 / sqrt(head_dim).
         num_splits: KV splits per (row, KV head); default fills the GPU (``default_num_splits``).
         block_n, num_warps, num_stages: tokens per tile, warps per program, pipeline depth (tuning).
-        lookup: how codes become values (``scores.LOOKUPS``): "codes", or "pairs" for the 4-bit
-            side(s) (the other side falls back to "codes").
+        lookup: False skips the centroid lookups and returns wrong values (benchmark attribution only).
     """
     v_rotation = rotation if v_rotation is None else v_rotation
     _check(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_bits, v_bits, rotation, v_rotation)
@@ -270,10 +262,8 @@ def decode_attention_triton(
     part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q.device)
     block_m = pow2_at_least(group)
-    k_lookup = lookup if (lookup != "pairs" or k_bits == 4) else "codes"
-    v_lookup = lookup if (lookup != "pairs" or v_bits == 4) else "codes"
-    k_cent = lookup_table(k_centroids, k_bits, k_lookup, q.device)
-    v_cent = lookup_table(v_centroids, v_bits, v_lookup, q.device)
+    k_cent = k_centroids.to(device=q.device, dtype=torch.float16).contiguous()
+    v_cent = v_centroids.to(device=q.device, dtype=torch.float16).contiguous()
     _decode_split_kernel[(batch, n_kv_heads, num_splits)](
         q_stream, k_codes, k_norms, v_codes, v_norms, seq_lens, k_cent, v_cent, part_out, part_lse,
         dim, k_codes.shape[-1], v_codes.shape[-1], tokens_per_split,
@@ -283,9 +273,9 @@ def decode_attention_triton(
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         scale * math.log2(math.e),
         GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n,
-        K_BITS=k_bits, K_BPG=k_bpg, K_CPG=k_cpg, K_GROUPS=k_groups, K_LOOKUP=LOOKUPS[k_lookup],
+        K_BITS=k_bits, K_BPG=k_bpg, K_CPG=k_cpg, K_GROUPS=k_groups,
         V_BITS=v_bits, V_BPG=v_bpg, V_CPG=v_cpg, V_GROUPS=pow2_at_least(num_groups(dim, v_bits)),
-        V_LOOKUP=LOOKUPS[v_lookup], num_warps=num_warps, num_stages=num_stages,
+        LOOKUP=lookup, num_warps=num_warps, num_stages=num_stages,
     )
     out = torch.empty((batch, n_heads, dim), dtype=q.dtype, device=q.device)
     combine_m = 16

@@ -205,7 +205,7 @@ def quantize_mse_triton(
     *,
     block_n: int = 64,
     num_warps: int = 4,
-    num_stages: int = 2,
+    num_stages: int = 3,
     programs_per_sm: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TurboQuant_mse codes and norms of ``x`` (..., dim) in one kernel.
