@@ -56,7 +56,11 @@ def load_experiment(name: str) -> ModuleType:
 
 
 def _multirun_subdir() -> str | None:
-    """In a Hydra multirun, the job's override string (figures of different jobs must not overwrite)."""
+    """In a Hydra multirun, the job's overrides other than experiment/dataset/scale/paths (see
+    ``hydra.job.config.override_dirname.exclude_keys`` in config.yaml), so that jobs differing in
+    anything else (e.g. ``quantizer.rotation=haar,hadamard``) do not overwrite each other's figures;
+    None (figures straight into figures_dir) outside a multirun or when nothing else is overridden,
+    as in ``-m experiment=distortion,ip_histogram,ip_variance``."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -65,7 +69,7 @@ def _multirun_subdir() -> str | None:
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return None
-    return hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}"
+    return hydra_cfg.job.override_dirname or None
 
 
 def run_experiment(cfg: DictConfig, root: Path = REPO_ROOT) -> RunOutputs:
@@ -76,7 +80,7 @@ def run_experiment(cfg: DictConfig, root: Path = REPO_ROOT) -> RunOutputs:
     figures_dir = resolve_path(cfg.paths.figures_dir, root)
     subdir = _multirun_subdir()
     if subdir:
-        figures_dir = figures_dir / "multirun" / name / subdir
+        figures_dir = figures_dir / "multirun" / subdir
 
     store = ResultStore(results_dir, name, cfg, result_keys=getattr(module, "RESULT_KEYS", None))
     frame = module.run(cfg, store)

@@ -144,22 +144,41 @@ def test_run_helpers() -> None:
         run.load_experiment("no_such_experiment")
 
 
-@pytest.mark.slow
-def test_hydra_multirun_appends_jobs_to_one_store(tmp_path: Path) -> None:
-    """The real CLI: a two-job multirun writes one CSV, and each job's figures to its own folder."""
-    results, figures = tmp_path / "results", tmp_path / "figures"
+def run_cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``python run.py -m ...`` on tiny random-sphere data, outputs under tmp_path."""
     command = [
-        sys.executable, str(REPO / "run.py"), "-m", "experiment=distortion", "dataset=random_sphere",
-        "dataset.dim=16", "experiment.sizes.quick.n_base=200", "experiment.sizes.quick.n_queries=10",
-        "experiment.bits=[1]", "quantizer.rotation=haar,hadamard",
-        f"paths.results_dir={results}", f"paths.figures_dir={figures}", f"hydra.sweep.dir={tmp_path / 'multirun'}",
+        sys.executable, str(REPO / "run.py"), "-m", "dataset=random_sphere", "dataset.dim=16",
+        "experiment.sizes.quick.n_base=200", "experiment.sizes.quick.n_queries=10",
+        f"paths.results_dir={tmp_path / 'results'}", f"paths.figures_dir={tmp_path / 'figures'}",
+        f"hydra.sweep.dir={tmp_path / 'multirun'}", *overrides,
     ]
     env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    df = pd.read_csv(results / "distortion" / "results.csv")
+    return done
+
+
+@pytest.mark.slow
+def test_hydra_multirun_appends_jobs_to_one_store(tmp_path: Path) -> None:
+    """A sweep over a result-relevant value: one CSV, one run record per job, figures kept apart."""
+    run_cli(tmp_path, "experiment=distortion", "scale=quick", "experiment.bits=[1]", "quantizer.rotation=haar,hadamard")
+    df = pd.read_csv(tmp_path / "results" / "distortion" / "results.csv")
     assert set(df["rotation"]) == {"haar", "hadamard"} and len(df) == 4
-    assert len(list((results / "distortion" / "runs").glob("*.json"))) == 2
-    pngs = sorted(p.relative_to(figures).as_posix() for p in figures.rglob("*.png"))
-    assert len(pngs) == 2 and all(p.startswith("multirun/distortion/") for p in pngs), pngs
-    assert (tmp_path / "multirun").exists()
+    assert len(list((tmp_path / "results" / "distortion" / "runs").glob("*.json"))) == 2
+    figures = tmp_path / "figures"
+    pngs = sorted(p.relative_to(figures).parts for p in figures.rglob("*.png"))
+    assert len(pngs) == 2 and all(p[0] == "multirun" and "quantizer.rotation=" in p[1] for p in pngs), pngs
+    assert (tmp_path / "multirun").exists()  # Hydra's own logs go to hydra.sweep.dir, not the repo
+
+
+@pytest.mark.slow
+def test_hydra_multirun_over_experiments_writes_figures_in_place(tmp_path: Path) -> None:
+    """``make figures`` style: experiment and scale do not split the figures folder (only the tiny-size
+    overrides this test needs do, which ``make figures`` does not pass)."""
+    run_cli(tmp_path, "experiment=distortion,ip_variance", "scale=quick", "experiment.pair_chunk=1000")
+    pngs = sorted((tmp_path / "figures").rglob("*.png"))
+    assert [p.name for p in pngs] == ["fig2_ip_variance_random_sphere.png", "fig3_distortion_random_sphere.png"]
+    assert pngs[0].parent == pngs[1].parent, "the two experiments' jobs must share one figures folder"
+    assert "experiment=" not in pngs[0].parent.name and "scale=" not in pngs[0].parent.name
+    assert (tmp_path / "results" / "distortion" / "results.csv").exists()
+    assert (tmp_path / "results" / "ip_variance" / "results.csv").exists()
