@@ -352,6 +352,23 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: Path) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- paper comparison
+_SETTING = ["max_length", "max_new_tokens_cap"]
+
+
+def _largest_setting(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the (max_length, max_new_tokens_cap) setting with the most rows.
+
+    A config's rows may come from runs with different budgets (they are unit keys, not result keys, so
+    that raising a sample cap resumes); a table must not mix them.
+    """
+    if df.empty:
+        return df
+    sizes = df.groupby(_SETTING).size()
+    best = sizes.idxmax()
+    mask = np.logical_and.reduce([df[column] == value for column, value in zip(_SETTING, best, strict=True)])
+    return df[mask]
+
+
 _PAPER_KEY = {"kivi3": ("KIVI", 3), "kivi5": ("KIVI", 5), "polarquant": ("PolarQuant", 3.9),
               "turboquant_2.5": ("TurboQuant", 2.5), "turboquant_3.5": ("TurboQuant", 3.5)}
 
@@ -362,6 +379,7 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
     The paper's absolute Averages (``longbench.average.*``) are only compared for runs on the real
     LongBench-E; a substitute run leaves them MISSING.
     """
+    df = _largest_setting(df)
     table = tables(df)["table"]
     if table.empty or "delta_vs_full" not in table.columns:
         return []
