@@ -21,7 +21,6 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import torch
 from tqdm.auto import tqdm
 
 import turboquant as tq
@@ -85,7 +84,6 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     if todo:
         data = load_unit_embeddings(cfg)
         store.record_provenance(**data.provenance())
-        torch.manual_seed(cfg.seed)
         for unit in tqdm(todo, desc=f"distortion ({data.name}, d={data.dim})", unit="unit"):
             quantizer = make_quantizer(unit["method"], data.dim, unit["bits"], cfg.quantizer.rotation, cfg.seed)
             measured = measure_distortion(quantizer, data, int(exp.pair_chunk))

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
