@@ -215,7 +215,7 @@ def packaged_gguf_file(packaged: PackagedGGUF, work_dir: Path) -> Path:
         digest = sha256_of_files(paths)
         if digest != packaged.sha256:
             raise ValueError(
-                f"sha256 of {packaged.file_name} assembled from {list(packaged.parts)} is {digest}, "
+                f"sha256 of {packaged.file_name} assembled from {[str(p) for p in paths]} is {digest}, "
                 f"expected {packaged.sha256}: the packages' files are not the published weights"
             )
     if len(paths) == 1:
@@ -277,7 +277,8 @@ def _converted_packaged_model(spec: ModelSpec) -> tuple[Path, dict[str, Any]]:
     if (out_dir / "provenance.json").is_file():
         stored = json.loads((out_dir / "provenance.json").read_text())
         return out_dir, {**stored, "converted_dir": str(out_dir), "converted_now": False}
-    with tempfile.TemporaryDirectory(dir=cache_root if cache_root.exists() else None) as work:
+    cache_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_root) as work:  # an assembled split file can be large
         gguf_path = packaged_gguf_file(packaged, Path(work))
         import transformers
 

