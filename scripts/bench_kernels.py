@@ -74,12 +74,27 @@ class Row:
 
 
 class Timer:
-    """Median time in µs: do_bench on CUDA (L2 flushed between reps), wall clock on the CPU interpreter."""
+    """Median time in µs: do_bench on CUDA (L2 flushed between reps), wall clock on the CPU interpreter.
+
+    ``graph=True`` captures ``fn`` (wrapper, Triton launches and all) in a CUDA graph and times its
+    replay: device time without the Python/launch overhead, which dominates at small sizes.
+    """
 
     def __init__(self, device: torch.device):
         self.device = device
 
-    def __call__(self, fn) -> float:
+    def __call__(self, fn, graph: bool = False) -> float:
+        if graph and self.device.type == "cuda":
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                fn()
+                fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            captured = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(captured):
+                fn()
+            fn = captured.replay
         if self.device.type == "cuda":
             import triton.testing
 
@@ -171,11 +186,11 @@ def bench_scores(timer, device, copy_bw, sizes, bits_list, variants) -> list[Row
         batch = bsz * HEADS_KV
         q = torch.randn(batch, group, HEAD_DIM, device=device)
         keys32 = torch.randn(batch, ctx, HEAD_DIM, device=device)
-        t32 = timer(lambda: torch.matmul(q, keys32.transpose(1, 2)))
+        t32 = timer(lambda: torch.matmul(q, keys32.transpose(1, 2)), graph=True)
         del keys32
         keys16 = torch.randn(batch, ctx, HEAD_DIM, device=device, dtype=torch.bfloat16)
         q16 = q.to(torch.bfloat16)
-        t16 = timer(lambda: torch.matmul(q16, keys16.transpose(1, 2)))
+        t16 = timer(lambda: torch.matmul(q16, keys16.transpose(1, 2)), graph=True)
         del keys16
         size = f"B={bsz} ctx={ctx}"
         for bits in bits_list:
@@ -186,13 +201,16 @@ def bench_scores(timer, device, copy_bw, sizes, bits_list, variants) -> list[Row
             ref = mse_scores_reference(q[sl], codes[sl, :4096], norms[sl, :4096], cent, bits)
             for name, kw in variants.items():
                 out_dtype = kw.get("out_dtype", torch.float32)
-                err = rel_err(mse_scores_triton(q[sl], codes[sl, :4096], norms[sl, :4096], cent, bits, **kw), ref)
+                kw = dict(kw)
+                check_kw = {k: v for k, v in kw.items() if k != "graph"}
+                err = rel_err(mse_scores_triton(q[sl], codes[sl, :4096], norms[sl, :4096], cent, bits, **check_kw), ref)
                 tolerance = 2e-3 if out_dtype == torch.float32 else 1e-2
                 if kw.get("lookup", True) and not err < tolerance:
                     raise AssertionError(f"scores {name}: rel err {err}")
                 moved = codes.numel() + norms.numel() * 2 + q.numel() * 4 + batch * group * ctx * (
                     torch.finfo(out_dtype).bits // 8)
-                t = timer(lambda: mse_scores_triton(q, codes, norms, cent, bits, **kw))
+                graph = kw.pop("graph", False)
+                t = timer(lambda: mse_scores_triton(q, codes, norms, cent, bits, **kw), graph=graph)
                 check = f"rel err {err:.1e}" if kw.get("lookup", True) else "diagnostic (no lookup)"
                 rows.append(Row("scores", f"b={bits} {name}", size, t, moved, 1e6 * moved / copy_bw,
                                 "fp32 matmul", t32, check))
@@ -220,7 +238,7 @@ def sdpa_best(timer, q, k, v) -> tuple[str, float]:
         try:
             run()
             torch.cuda.synchronize() if q.is_cuda else None
-            t = timer(run)
+            t = timer(run, graph=True)
         except RuntimeError as exc:  # backend refuses these shapes
             print(f"  sdpa {name}: unavailable ({str(exc).splitlines()[0][:80]})")
             continue
@@ -265,13 +283,14 @@ def bench_decode(timer, device, copy_bw, sizes, bits_pairs, variants) -> list[Ro
             for name, kw in variants.items():
                 kw = dict(kw)
                 factor = kw.pop("split_factor", 1)
+                graph = kw.pop("graph", False)
                 kw["num_splits"] = max(1, round(factor * default_num_splits(bsz, HEADS_KV, ctx, device,
                                                                                kw.get("block_n", 64))))
                 err = rel_err(decode_attention_triton(*args, **common, **kw), ref)
                 if kw.get("lookup", True) and not err < 1e-2:
                     raise AssertionError(f"decode {name}: rel err {err}")
                 t = timer(lambda: decode_attention_triton(q, k_codes, k_norms, v_codes, v_norms, seq_lens,
-                                                          **common, **kw))
+                                                          **common, **kw), graph=graph)
                 rows.append(Row("decode", f"K{k_bits}V{v_bits} {name}", size, t, moved, 1e6 * moved / copy_bw,
                                 f"sdpa bf16 ({base_name})", t_base,
                                 f"rel err {err:.1e} (bf16 out)" if kw.get("lookup", True) else "diagnostic (no lookup)"))
@@ -316,11 +335,13 @@ def main(argv: list[str] | None = None) -> None:
         d_sizes = [(1, 8192), (8, 8192), (8, 32768), (32, 32768), (16, 131072)]
         q_variants = {"default (bn64 w4 st3)": {}, "bn64 w4 st2": dict(num_stages=2),
                       "bn128 w8 st3": dict(block_n=128, num_warps=8)}
-        s_variants = {"default (bn128 w4)": {}, "bn64 w4": dict(block_n=64),
+        s_variants = {"default (bn128 w4)": {}, "default, CUDA graph": dict(graph=True), "bn64 w4": dict(block_n=64),
                       "bf16-out": dict(out_dtype=torch.bfloat16),
-                      "no-lookup": dict(lookup=False)}
-        d_variants = {"default (bn64 w4, 8/SM)": {}, "bn64 w4 4/SM": dict(split_factor=0.5),
-                      "bn32 w4": dict(block_n=32), "no-lookup": dict(lookup=False)}
+                      "no-lookup": dict(lookup=False), "no-lookup, CUDA graph": dict(lookup=False, graph=True)}
+        d_variants = {"default (bn64 w4, 8/SM)": {}, "default, CUDA graph": dict(graph=True),
+                      "bn64 w4 4/SM": dict(split_factor=0.5), "bn64 w4 4/SM, CUDA graph": dict(split_factor=0.5, graph=True),
+                      "bn32 w4": dict(block_n=32), "no-lookup": dict(lookup=False),
+                      "no-lookup, CUDA graph": dict(lookup=False, graph=True)}
         copy_bytes = 1 << 31
     copy_bw = copy_bandwidth(timer, device, copy_bytes)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
