@@ -174,7 +174,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
             n_queries, single = data.queries.shape[0], int(exp.single_queries)
             batches = [(n_queries, n_queries), (1, single)]
             indexes = {"": (built.index, batches)}
-            if isinstance(built.index, TurboQuantIndex):
+            if isinstance(built.index, TurboQuantIndex) and built.index.supports_lut:
                 # per-query tables cost m·n·d/g gathers: timed one query at a time only
                 indexes = {"dense": (built.index, batches), "lut": (_lut_twin(built.index), [(1, single)])}
             for scorer, (index, index_batches) in indexes.items():

@@ -94,13 +94,9 @@ class TurboQuantIndex(VectorIndex):
         quantizer_cls = tq.TurboQuantMSE if variant == "mse" else tq.TurboQuantProd
         self.quantizer = quantizer_cls(self.dim, self.bits, rotation=rotation, seed=self.seed)
         self._stages = self._make_stages()
-        if scorer == "lut":
-            for stage in self._stages:
-                if not stage.decoder.byte_aligned:
-                    raise ValueError(
-                        f"scorer='lut' needs code widths dividing 8; the {stage.codes_key} stage has "
-                        f"{stage.decoder.bits} bits (use scorer='dense')"
-                    )
+        if scorer == "lut" and not self.supports_lut:
+            widths = [stage.decoder.bits for stage in self._stages]
+            raise ValueError(f"scorer='lut' needs code widths dividing 8, got {widths} bits (use scorer='dense')")
         self._blocks: dict[str, list[np.ndarray]] = {key: [] for key in self._array_keys()}
         self._arrays: dict[str, np.ndarray] | None = None
 
@@ -132,6 +128,11 @@ class TurboQuantIndex(VectorIndex):
             weight_scale=math.sqrt(math.pi / 2) / self.dim,
         )
         return mse, qjl
+
+    @property
+    def supports_lut(self) -> bool:
+        """Whether every stage's code width divides 8 (byte lookup tables need whole codes per byte)."""
+        return all(stage.decoder.byte_aligned for stage in self._stages)
 
     # ------------------------------------------------------------------ storage
     @property
