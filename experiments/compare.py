@@ -206,6 +206,11 @@ def compare(numbers: Sequence[PaperNumber], runs: Mapping[str, ExperimentRun]) -
     return comparisons
 
 
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell (a literal pipe would split the cell)."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
 def _fmt(value: float | None) -> str:
     if value is None:
         return "—"
@@ -215,10 +220,12 @@ def _fmt(value: float | None) -> str:
 def render_markdown(comparisons: Sequence[Comparison], runs: Mapping[str, ExperimentRun]) -> str:
     """The comparison report: the side-by-side table, the notes, and the substitutions made."""
     counts = {v: sum(c.verdict == v for c in comparisons) for v in ("PASS", "FAIL", "MISSING")}
+    known = sum(c.verdict == "FAIL" and bool(c.paper.known_discrepancy) for c in comparisons)
     lines = [
         "# Reproduced numbers vs the paper",
         "",
-        f"PASS {counts['PASS']} · FAIL {counts['FAIL']} · MISSING {counts['MISSING']} "
+        f"PASS {counts['PASS']} · FAIL {counts['FAIL']} ({known} known, explained in the notes) · "
+        f"MISSING {counts['MISSING']} "
         "(PASS: |reproduced − paper| ≤ tolerance; tolerance = max(relative·|paper|, absolute)).",
         "",
         "| id | quantity | paper | version | source | reproduced | difference | tolerance | verdict |",
@@ -227,7 +234,7 @@ def render_markdown(comparisons: Sequence[Comparison], runs: Mapping[str, Experi
     for c in comparisons:
         verdict = c.verdict + (" (known)" if c.verdict == "FAIL" and c.paper.known_discrepancy else "")
         lines.append(
-            f"| {c.paper.id} | {c.paper.quantity} | {c.paper.value:g} | {c.paper.version} | {c.paper.source} "
+            f"| {c.paper.id} | {_cell(c.paper.quantity)} | {c.paper.value:g} | {c.paper.version} | {_cell(c.paper.source)} "
             f"| {_fmt(c.reproduced)} | {_fmt(c.difference)} | {c.paper.tolerance_text()} | {verdict} |"
         )
     notes = [c for c in comparisons if c.paper.note or c.paper.known_discrepancy or c.detail]
@@ -246,5 +253,5 @@ def render_markdown(comparisons: Sequence[Comparison], runs: Mapping[str, Experi
         for run in runs.values():
             used = run.provenance.get("description") or run.provenance.get("dataset") or run.dataset or "—"
             substitution = run.provenance.get("substitution") or "none"
-            lines.append(f"| {run.experiment} | {run.config_id} | {run.scale} | {used} | {substitution} |")
+            lines.append(f"| {run.experiment} | {run.config_id} | {run.scale} | {_cell(used)} | {_cell(substitution)} |")
     return "\n".join(lines) + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,8 @@ def test_a_wrong_number_fails_and_the_rest_pass(tmp_path: Path, capsys: pytest.C
     ids = {n.id for n in load_paper_numbers()}
     rows = {line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("| ")}
     assert ids <= set(rows), "every paper number gets a row"
+    table = [line for line in report.splitlines() if line.startswith("| ") and line.split("|")[1].strip() in ids]
+    assert all(len(re.split(r"(?<!\\)\|", line)) == 11 for line in table), "9 cells per row, pipes escaped"
     assert "| FAIL |" in rows["distortion.d_mse.b2"]
     assert all("| PASS |" in rows[f"distortion.d_mse.b{b}"] for b in (1, 3, 4))
     assert "| MISSING |" in rows["ip_histogram.prod_bias_z.b1"]  # that experiment has no results here
@@ -87,4 +90,4 @@ def test_no_results_reports_everything_missing(tmp_path: Path) -> None:
     script = load_script()
     assert script.main(["--results-dir", str(tmp_path / "empty"), "--check"]) == 0
     report = (tmp_path / "empty" / "comparison.md").read_text()
-    assert "PASS 0 · FAIL 0" in report and "No results found" in report
+    assert "PASS 0 · FAIL 0 (0 known" in report and "No results found" in report
