@@ -1,0 +1,23 @@
+"""The package's entry points and the availability check used for backend dispatch."""
+import os
+
+import pytest
+import torch
+
+import turboquant.kernels as kernels
+
+
+def test_entry_points_resolve_to_the_op_modules():
+    from turboquant.kernels import decode_attention, quantize, scores
+
+    assert kernels.quantize_mse_triton is quantize.quantize_mse_triton
+    assert kernels.mse_scores_triton is scores.mse_scores_triton
+    assert kernels.decode_attention_triton is decode_attention.decode_attention_triton
+    with pytest.raises(AttributeError):
+        kernels.no_such_kernel
+
+
+def test_triton_available():
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    assert kernels.triton_available("cpu") == interpreted
+    assert kernels.triton_available("cuda") == (interpreted or torch.cuda.is_available())
