@@ -127,8 +127,10 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
             mse_label = f"{label} (measured)" if method == "mse" else f"{label} (measured; not an MSE quantizer)"
             ax_mse.plot(rows["bits"], rows["d_mse"], "o-" if method == "mse" else "o:", color=color, label=mse_label)
         for ax, kind, theorem in ((ax_prod, "prod", "Thm. 2"), (ax_mse, "mse", "Thm. 1")):
-            ax.plot(bits, bounds[f"{kind}_upper"], "--", color=METHOD_COLORS["bound"], label=f"upper bound ({theorem})")
-            ax.plot(bits, bounds[f"{kind}_lower"], ":", color=METHOD_COLORS["bound"], label="lower bound (Thm. 3)")
+            ax.plot(bits, bounds[f"{kind}_upper"], "--", color=METHOD_COLORS["bound"],
+                    label=f"upper bound for {METHODS[kind]} ({theorem})")
+            ax.plot(bits, bounds[f"{kind}_lower"], ":", color=METHOD_COLORS["bound"],
+                    label="lower bound, any quantizer (Thm. 3)")
             ax.set_yscale("log")
             ax.set_xticks(bits)
             ax.set_xlabel("bit width b (bits per coordinate)")
