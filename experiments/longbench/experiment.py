@@ -186,22 +186,24 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     count_tokens = _token_counter(loaded.tokenizer)
     all_units: list[dict[str, Any]] = []
     todo: list[tuple[dict[str, Any], str, LongBenchSample]] = []
-    for dataset in datasets:
-        samples = load_samples(data, dataset, n_samples, context_tokens, seed, count_tokens)
-        for index, sample in enumerate(samples):
-            for name, method in methods.items():
-                unit = {
-                    "method": name,
-                    "method_options": json.dumps(method, sort_keys=True),
-                    "task": dataset,
-                    "sample_id": sample.sample_id,
-                    "context_budget": context_tokens[index % len(context_tokens)] if data.is_substitute else 0,
-                    "max_length": max_length,
-                    "max_new_tokens_cap": int(cap) if cap else 0,
-                }
-                all_units.append(unit)
-                if not store.is_done(unit):
-                    todo.append((unit, name, sample))
+    per_dataset = {ds: load_samples(data, ds, n_samples, context_tokens, seed, count_tokens) for ds in datasets}
+    # sample-major order: an interrupted run has covered every dataset about equally
+    order = sorted((index, position) for position, ds in enumerate(datasets) for index in range(len(per_dataset[ds])))
+    for index, position in order:
+        sample = per_dataset[datasets[position]][index]
+        for name, method in methods.items():
+            unit = {
+                "method": name,
+                "method_options": json.dumps(method, sort_keys=True),
+                "task": sample.dataset,
+                "sample_id": sample.sample_id,
+                "context_budget": context_tokens[index % len(context_tokens)] if data.is_substitute else 0,
+                "max_length": max_length,
+                "max_new_tokens_cap": int(cap) if cap else 0,
+            }
+            all_units.append(unit)
+            if not store.is_done(unit):
+                todo.append((unit, name, sample))
 
     for unit, name, sample in tqdm(todo, desc="longbench samples", unit="sample"):
         spec = dataset_spec(sample.dataset)
@@ -253,12 +255,25 @@ def _describe(loaded: LoadedModel, data: DataSpec) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- tables
 def _method_order(df: pd.DataFrame) -> list[str]:
-    return list(dict.fromkeys(df["method"]))
+    """Methods in order of appearance, the full cache (the reference) first."""
+    order = list(dict.fromkeys(df["method"]))
+    full = list(dict.fromkeys(df.loc[df["paper_method"] == "full", "method"]))
+    return full + [m for m in order if m not in full]
+
+
+def paired_samples(df: pd.DataFrame) -> pd.DataFrame:
+    """Only the (task, sample) pairs that every method has scored: methods are compared on the same samples
+    (an interrupted run may have finished a sample for some methods only)."""
+    n_methods = df["method"].nunique()
+    done = df.groupby(["task", "sample_id"])["method"].transform("nunique")
+    return df[done == n_methods]
 
 
 def tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """``per_dataset`` (method × dataset, score ×100, with sample counts), ``table`` (paper form, methods with
-    all 13 datasets) and ``buckets`` (method × LongBench-E length bucket, mean over datasets)."""
+    all 13 datasets) and ``buckets`` (method × LongBench-E length bucket, mean over datasets), all over the
+    samples every method has scored."""
+    df = paired_samples(df)
     order = _method_order(df)
     labels = df.groupby("method", sort=False)["method_label"].first()
     per_dataset = df.pivot_table(index="method", columns="task", values="score", aggfunc="mean") * 100
