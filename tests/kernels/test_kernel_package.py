@@ -8,9 +8,10 @@ import turboquant.kernels as kernels
 
 
 def test_entry_points_resolve_to_the_op_modules():
-    from turboquant.kernels import decode_attention, quantize, scores
+    from turboquant.kernels import decode_attention, quantize, quantize_prod, scores
 
     assert kernels.quantize_mse_triton is quantize.quantize_mse_triton
+    assert kernels.quantize_prod_triton is quantize_prod.quantize_prod_triton
     assert kernels.mse_scores_triton is scores.mse_scores_triton
     assert kernels.decode_attention_triton is decode_attention.decode_attention_triton
     with pytest.raises(AttributeError):

@@ -4,6 +4,8 @@
 op                     entry point (module)
 =====================  =========================================================================
 quantize (Alg. 1)      :func:`quantize_mse_triton` (``quantize``): vectors -> packed codes + norms
+quantize (Alg. 2)      :func:`quantize_prod_triton` (``quantize_prod``): (b-1)-bit codes, QJL sign
+                       bits, norms and residual norms (dim <= 256)
 scores                 :func:`mse_scores_triton` (``scores``): <q, k~> for packed keys, q rotated
 decode attention       :func:`decode_attention_triton` (``decode_attention``): flash-decoding over a
                        packed K/V cache, GQA, split-KV, variable lengths
@@ -26,6 +28,7 @@ import torch
 __all__ = [
     "triton_available",
     "quantize_mse_triton",
+    "quantize_prod_triton",
     "mse_scores_triton",
     "decode_attention_triton",
 ]
@@ -43,6 +46,7 @@ def triton_available(device: torch.device | str) -> bool:
 
 _ENTRY_POINTS = {
     "quantize_mse_triton": "quantize",
+    "quantize_prod_triton": "quantize_prod",
     "mse_scores_triton": "scores",
     "decode_attention_triton": "decode_attention",
 }
