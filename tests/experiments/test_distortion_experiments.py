@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
@@ -147,3 +148,31 @@ def test_a_killed_run_resumes_from_its_finished_units(tmp_path: Path, monkeypatc
     calls.clear()
     monkeypatch.setattr(distortion, "measure_distortion", lambda q, d, c: (calls.append(q), original(q, d, c))[1])
     assert run.run_experiment(cfg).n_rows == 2 and len(calls) == 1  # only b = 2 is measured again
+
+
+def test_streamed_statistics_equal_direct_ones() -> None:
+    """Chunked, grouped histogram and moments equal NumPy's on the whole array."""
+    from experiments.streaming_stats import FixedBinHistogram, PairMoments
+
+    rng = np.random.default_rng(0)
+    true, error = rng.normal(0.1, 0.2, 10_000), rng.normal(0.0, 0.05, 10_000) - 0.3 * 0.1
+    group = (true > 0.1).astype(int)
+    histogram, moments = FixedBinHistogram(-0.1, 0.1, 20, n_groups=2), PairMoments(n_groups=2)
+    for part in np.array_split(np.arange(true.size), 7):
+        histogram.add(error[part], group[part])
+        moments.add(true[part], error[part], group[part])
+    for g in (0, 1):
+        members = group == g
+        expected, _ = np.histogram(error[members], bins=histogram.edges)
+        np.testing.assert_array_equal(histogram.counts[g], expected)
+        assert histogram.underflow[g] == (error[members] < -0.1).sum()
+        assert histogram.overflow[g] == (error[members] >= 0.1).sum()
+        summary = moments.summary(g)
+        assert summary["n_pairs"] == members.sum()
+        assert summary["mean_error"] == pytest.approx(error[members].mean())
+        assert summary["std_error"] == pytest.approx(error[members].std())
+        slope = np.polyfit(true[members], error[members], 1)[0]
+        assert summary["error_slope_on_true_ip"] == pytest.approx(slope)
+    assert moments.merged().summary()["mean_squared_error"] == pytest.approx((error**2).mean())
+    with pytest.raises(ValueError, match="group labels"):
+        histogram.add(error[:3], np.array([0, 1, 2]))
