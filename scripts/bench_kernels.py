@@ -39,6 +39,8 @@ from turboquant.kernels.decode_attention import (  # noqa: E402
     default_num_splits,
 )
 from turboquant.kernels.quantize import quantize_mse_reference, quantize_mse_triton  # noqa: E402
+from turboquant.kernels.quantize_prod import quantize_prod_reference, quantize_prod_triton  # noqa: E402
+from turboquant.quantizers import TurboQuantProd  # noqa: E402
 from turboquant.kernels.scores import mse_scores_reference, mse_scores_triton  # noqa: E402
 from turboquant.packing import unpack_codes  # noqa: E402
 from turboquant.rotation import make_rotation  # noqa: E402
@@ -159,6 +161,35 @@ def bench_quantize(timer, device, copy_bw, n_vectors, dims_bits, dtypes, variant
                 rows.append(Row("quantize", f"b={bits} {str(dtype)[6:]} {name}", f"{n_vectors}x{dim}", t, moved,
                                 1e6 * moved / copy_bw, "copy", 1e6 * moved / copy_bw, check))
             del x
+    return rows
+
+
+def bench_quantize_prod(timer, device, copy_bw, n_vectors, dim, bits_list) -> list[Row]:
+    """TurboQuant_prod (b-1 bit codes + QJL signs + two norms) from fp16, checked against float64 first."""
+    rows = []
+    for bits in bits_list:
+        quantizer = TurboQuantProd(dim, bits, rotation="haar", seed=0, device=device)
+        mse = quantizer.mse
+        args = (mse.rotation.matrix(), mse.codebook.boundaries, mse.codebook.centroids_tensor(device))
+        s = quantizer.qjl.matrix
+        x = torch.randn(min(n_vectors, 1 << 16), dim, device=device).to(torch.float16)
+        codes, signs, norms, residual_norms = quantize_prod_triton(x, *args, bits - 1, s)
+        ref = quantize_prod_reference(x, *args, bits - 1, s)
+        code_ties = float((codes != ref["codes"]).double().mean())
+        same = (codes == ref["codes"]).all(dim=-1)
+        sign_flips = float((signs[same] != ref["signs"][same]).double().mean())
+        res_err = float(((residual_norms.double() - ref["residual_norms"]).abs()[same]
+                         / ref["residual_norms"][same]).max())
+        if code_ties > 0.01 or sign_flips > 0.01 or res_err > 2e-2:
+            raise AssertionError(f"quantize_prod b={bits}: ties {code_ties}, sign flips {sign_flips}, "
+                                 f"residual norm err {res_err}")
+        x = torch.randn(n_vectors, dim, device=device, dtype=torch.float16)
+        moved = x.numel() * 2 + n_vectors * (codes.shape[-1] + signs.shape[-1] + 4)
+        t = timer(lambda: quantize_prod_triton(x, *args, bits - 1, s, norms_dtype=torch.float16))
+        rows.append(Row("quantize_prod", f"b={bits} float16", f"{n_vectors}x{dim}", t, moved, 1e6 * moved / copy_bw,
+                        "copy", 1e6 * moved / copy_bw,
+                        f"code ties {code_ties:.1e}, sign flips {sign_flips:.1e}, residual-norm err {res_err:.1e}"))
+        del x
     return rows
 
 
@@ -317,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/kernels"))
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CPU interpreter): checks the script")
-    parser.add_argument("--ops", default="quantize,scores,decode")
+    parser.add_argument("--ops", default="quantize,prod,scores,decode")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -374,6 +405,10 @@ def main(argv: list[str] | None = None) -> None:
                                first)
         save()
         print(markdown_table(rows), flush=True)
+    if "prod" in ops:
+        rows += bench_quantize_prod(timer, device, copy_bw, n_vectors, 128, [4, 3, 2])
+        save()
+        print(markdown_table([r for r in rows if r.op == "quantize_prod"]), flush=True)
     if "scores" in ops:
         rows += bench_scores(timer, device, copy_bw, s_sizes, [4, 3] if not args.smoke else [4], s_variants)
         save()
