@@ -317,7 +317,8 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     methods = _methods(cfg)
     task = _task(cfg)
     max_new_tokens = int(cfg.experiment.generation.max_new_tokens)
-    cells = [(name, c, d) for name in methods for c in contexts for d in depths]
+    # context-major: a run stopped early leaves complete grids at the shorter contexts for every method
+    cells = [(name, c, d) for c in contexts for name in methods for d in depths]
     units = [
         {"method": name, "method_options": json.dumps(methods[name], sort_keys=True), "context": c, "depth": d}
         for name, c, d in cells
@@ -352,16 +353,22 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
             store.save_unit(unit, [row])
     frame = store.frame(units)
     if not frame.empty:
-        _write_summary(frame, store.directory)
+        _write_summary(frame, store.directory, list(methods))
     return frame
 
 
 # --------------------------------------------------------------------------- tables
-def summary_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Mean score and measured cache size per method (methods in first-appearance order)."""
+def _method_order(df: pd.DataFrame, order: list[str] | None) -> list[str]:
+    """The methods present in ``df``, in ``order`` (the config's) where given, else first appearance."""
+    present = list(dict.fromkeys(df["method"]))
+    return [m for m in order if m in present] + [m for m in present if m not in order] if order else present
+
+
+def summary_table(df: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
+    """Mean score and measured cache size per method (in ``order``, default first appearance)."""
     if df.empty:
         raise ValueError("no needle rows to summarise")
-    order = list(dict.fromkeys(df["method"]))
+    order = _method_order(df, order)
     grouped = df.groupby("method", sort=False)
     table = pd.DataFrame(
         {
@@ -389,8 +396,8 @@ def _paper_scores() -> dict[str, float]:
     return {n.id[len(prefix) :]: n.value for n in load_paper_numbers() if n.id.startswith(prefix)}
 
 
-def _write_summary(df: pd.DataFrame, directory: Path) -> list[Path]:
-    table = summary_table(df)
+def _write_summary(df: pd.DataFrame, directory: Path, order: list[str]) -> list[Path]:
+    table = summary_table(df, order)
     directory.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = directory / "summary.csv", directory / "summary.md"
     table.to_csv(csv_path, index=False)
@@ -449,7 +456,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
     if df.empty:
         raise ValueError("no needle rows to plot")
     provenance = df.attrs.get("provenance", {})
-    methods = list(dict.fromkeys(df["method"]))
+    methods = _method_order(df, list(cfg.experiment.methods))
     contexts = sorted(int(c) for c in df["context"].unique())
     depths = sorted(float(d) for d in df["depth"].unique())
     ncols = min(4, len(methods))
