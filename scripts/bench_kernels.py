@@ -40,7 +40,7 @@ from turboquant.kernels.decode_attention import (  # noqa: E402
 )
 from turboquant.kernels.quantize import quantize_mse_reference, quantize_mse_triton  # noqa: E402
 from turboquant.kernels.quantize_prod import quantize_prod_reference, quantize_prod_triton  # noqa: E402
-from turboquant.quantizers import TurboQuantProd  # noqa: E402
+from turboquant.quantizers import TurboQuantMSE, TurboQuantProd  # noqa: E402
 from turboquant.kernels.scores import mse_scores_reference, mse_scores_triton  # noqa: E402
 from turboquant.packing import unpack_codes  # noqa: E402
 from turboquant.rotation import make_rotation  # noqa: E402
@@ -190,6 +190,28 @@ def bench_quantize_prod(timer, device, copy_bw, n_vectors, dim, bits_list) -> li
                         "copy", 1e6 * moved / copy_bw,
                         f"code ties {code_ties:.1e}, sign flips {sign_flips:.1e}, residual-norm err {res_err:.1e}"))
         del x
+    return rows
+
+
+def bench_library_paths(timer, device, copy_bw, n_vectors, dim, bits) -> list[Row]:
+    """The kernels against the library's torch path on the same GPU (what backend dispatch would replace)."""
+    quantizer = TurboQuantMSE(dim, bits, rotation="haar", seed=0, device=device)
+    rotation, boundaries = quantizer.rotation.matrix(), quantizer.codebook.boundaries
+    x = torch.randn(n_vectors, dim, device=device, dtype=torch.float16)
+    qv = quantizer.quantize(x)
+    moved = x.numel() * 2 + n_vectors * (qv.codes.shape[-1] + 4)
+    t_torch = timer(lambda: quantizer.quantize(x))
+    t_kernel = timer(lambda: quantize_mse_triton(x, rotation, boundaries, bits))
+    rows = [Row("quantize vs library", f"b={bits} float16, float32 norms", f"{n_vectors}x{dim}", t_kernel, moved,
+                1e6 * moved / copy_bw, "TurboQuantMSE.quantize (torch)", t_torch, "")]
+    queries = torch.randn(32, dim, device=device)
+    t_torch = timer(lambda: quantizer.inner_product(queries, qv))
+    centroids = quantizer.codebook.centroids_tensor(device)
+    t_kernel = timer(lambda: mse_scores_triton(quantizer.rotation.apply(queries)[None], qv.codes[None],
+                                               qv.norms[None], centroids, bits))
+    moved = qv.codes.numel() + qv.norms.numel() * 4 + 32 * n_vectors * 4
+    rows.append(Row("scores vs library", f"b={bits}, 32 queries", f"{n_vectors}x{dim}", t_kernel, moved,
+                    1e6 * moved / copy_bw, "TurboQuantMSE.inner_product (torch)", t_torch, ""))
     return rows
 
 
@@ -348,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/kernels"))
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CPU interpreter): checks the script")
-    parser.add_argument("--ops", default="quantize,prod,scores,decode")
+    parser.add_argument("--ops", default="quantize,prod,library,scores,decode")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -405,6 +427,10 @@ def main(argv: list[str] | None = None) -> None:
                                first)
         save()
         print(markdown_table(rows), flush=True)
+    if "library" in ops:
+        rows += bench_library_paths(timer, device, copy_bw, n_vectors, 128, 4)
+        save()
+        print(markdown_table([r for r in rows if "library" in r.op]), flush=True)
     if "prod" in ops:
         rows += bench_quantize_prod(timer, device, copy_bw, n_vectors, 128, [4, 3, 2])
         save()
