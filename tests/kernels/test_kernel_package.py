@@ -22,3 +22,11 @@ def test_triton_available():
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     assert kernels.triton_available("cpu") == interpreted
     assert kernels.triton_available("cuda") == (interpreted or torch.cuda.is_available())
+
+
+def test_cpu_tensors_without_interpreter_raise(monkeypatch):
+    from turboquant.kernels._layout import check_device
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="CUDA device"):
+        check_device(torch.device("cpu"))

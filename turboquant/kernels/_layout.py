@@ -30,10 +30,20 @@ from __future__ import annotations
 
 import math
 
+import torch
 import triton
 import triton.language as tl
 
 SUPPORTED_BITS = (1, 2, 3, 4)
+
+
+def check_device(device: torch.device) -> None:
+    """ValueError unless a kernel can run on ``device`` (CUDA, or any device under TRITON_INTERPRET=1)."""
+    from . import triton_available
+
+    if not triton_available(device):
+        raise ValueError(f"the Triton kernels need a CUDA device (or TRITON_INTERPRET=1 for the CPU "
+                         f"interpreter), got tensors on {device}")
 
 
 def group_geometry(bits: int) -> tuple[int, int]:

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ._layout import (
+    check_device,
     group_geometry,
     load_group_words,
     num_groups,
@@ -242,6 +243,7 @@ def decode_attention_triton(
     """
     v_rotation = rotation if v_rotation is None else v_rotation
     _check(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_bits, v_bits, rotation, v_rotation)
+    check_device(q.device)
     batch, n_heads, dim = q.shape
     n_kv_heads, max_tokens = k_codes.shape[1], k_codes.shape[2]
     group = n_heads // n_kv_heads

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ._layout import (
+    check_device,
     group_geometry,
     num_groups,
     packed_row_bytes,
@@ -223,6 +224,7 @@ def quantize_mse_triton(
         ``(codes, norms)``: uint8 (..., ceil(dim * bits / 8)) in the library's packed layout, and
         ``||x||`` (...,) in ``norms_dtype``.
     """
+    check_device(x.device)
     dim = _check_inputs(x, rotation_matrix)
     bytes_per_group, codes_per_group = group_geometry(bits)
     if len(_as_numpy(boundaries)) != 2 ** bits - 1:

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._layout import group_geometry, num_groups, packed_row_bytes, pow2_at_least, store_group_words
+from ._layout import check_device, group_geometry, num_groups, packed_row_bytes, pow2_at_least, store_group_words
 from .quantize import _as_numpy, _check_inputs, _nearest_centroid, nearest_centroid_table, stream_rotation
 
 _MAX_DIM = 256
@@ -111,6 +111,7 @@ def quantize_prod_triton(
         last dim when mse_bits == 0), signs uint8 (..., ceil(dim / 8)) with bit 1 for S r >= 0, ``||x||``
         and ``||r||`` of the unit vector, both in ``norms_dtype`` — the library's layout.
     """
+    check_device(x.device)
     dim = _check_inputs(x, qjl_matrix)
     if dim > _MAX_DIM:
         raise ValueError(f"quantize_prod_triton handles dim <= {_MAX_DIM}, got {dim}")

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ._layout import (
+    check_device,
     group_geometry,
     load_group_words,
     num_groups,
@@ -133,6 +134,7 @@ def mse_scores_triton(
         lookup: False skips the centroid lookup and returns wrong values (benchmark attribution only).
     """
     _check(q_rot, codes, norms, centroids, bits)
+    check_device(q_rot.device)
     batch, n_queries, dim = q_rot.shape
     n_keys = codes.shape[1]
     if codes.stride(-1) != 1:
