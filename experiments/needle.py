@@ -274,7 +274,7 @@ def _task(cfg: Any) -> NeedleTask:
     )
 
 
-def _grid(cfg: Any, max_context: int | None) -> tuple[list[int], list[float]]:
+def _grid(cfg: Any, max_context: int | None, max_new_tokens: int) -> tuple[list[int], list[float]]:
     sizes = experiment_sizes(cfg)
     contexts = [int(c) for c in sizes.contexts]
     depths = [float(d) for d in sizes.depths]
@@ -283,8 +283,11 @@ def _grid(cfg: Any, max_context: int | None) -> tuple[list[int], list[float]]:
     bad = [d for d in depths if not 0.0 <= d <= 1.0]
     if bad:
         raise ValueError(f"depths are fractions in [0, 1]; got {bad}")
-    if max_context is not None and max(contexts) > max_context:
-        raise ValueError(f"context {max(contexts)} exceeds the model's {max_context}-token window; pick another model")
+    if max_context is not None and max(contexts) + max_new_tokens > max_context:
+        raise ValueError(
+            f"context {max(contexts)} + {max_new_tokens} answer tokens exceeds the model's {max_context}-token "
+            "window; pick another model"
+        )
     return contexts, depths
 
 
@@ -313,10 +316,10 @@ def _describe(loaded: LoadedModel, haystack_source: dict[str, Any]) -> dict[str,
 def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     """Every (method, context, depth) cell not yet in ``store``; writes the summary table; the frame."""
     spec = model_spec_from_config(cfg.model)
-    contexts, depths = _grid(cfg, spec.max_context)
+    max_new_tokens = int(cfg.experiment.generation.max_new_tokens)
+    contexts, depths = _grid(cfg, spec.max_context, max_new_tokens)
     methods = _methods(cfg)
     task = _task(cfg)
-    max_new_tokens = int(cfg.experiment.generation.max_new_tokens)
     # context-major: a run stopped early leaves complete grids at the shorter contexts for every method
     cells = [(name, c, d) for c in contexts for name in methods for d in depths]
     units = [

@@ -194,6 +194,6 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
 
 def test_context_beyond_the_model_window_is_rejected(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = _cfg(tiny_model_dir, tmp_path)
-    cfg.model.max_context = 500
+    cfg.model.max_context = 602  # 600-token prompts + 4 answer tokens do not fit
     with pytest.raises(ValueError, match="exceeds the model"):
         needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
