@@ -225,7 +225,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
             ax.set_ylabel("recall@1@k")
             ax.set_ylim(0, 1.02)
             info = provenance.get(key, {})
-            title = f"{info.get('description', key)}\nn_base={info.get('n_base')}, queries={info.get('n_queries')}"
+            title = _shorten(info.get("description", key), 80)
             if info.get("substitution"):
                 title += "\nsubstitutes: " + _shorten(info["substitution"], 90)
             ax.set_title(title, fontsize=7)
