@@ -12,8 +12,11 @@ Protocol (Kamradt's test as used by Fu et al. 2024 and the KV-cache papers):
 3. The prompt (chat template) is prefilled into a fresh cache of the method, the answer decoded greedily.
 4. Score in [0, 1]: the needle's *answer words* (its content words that are not in the question:
    eat, sandwich, sit, dolores, park, sunny, day) found in the answer, as a fraction: ROUGE-1 recall of
-   the answer words, case- and punctuation-insensitive (:func:`needle_score`). A verbatim answer scores
-   1, "eat a sandwich" 2/7, a wrong or empty answer 0. Repeating the question earns nothing.
+   the answer words, case- and punctuation-insensitive, words compared after a light suffix stemmer
+   (:func:`stem`, so "eating ... sitting" counts like "eat ... sit", as ROUGE with ``use_stemmer``).
+   A verbatim answer scores 1, "eat a sandwich" 2/7, a wrong or empty answer 0. Repeating the question
+   earns nothing. The score is a pure function of the stored answer, so :func:`run` re-scores stored
+   cells whenever the scorer changes, without running the model again.
 
 One unit of the :class:`~experiments.io.ResultStore` is one ``(method, context, depth)`` cell, so a
 killed run resumes cell by cell. Every method runs at the same memory budget (``experiment.memory_ratio``,
@@ -38,7 +41,7 @@ from matplotlib.colors import LinearSegmentedColormap
 from tqdm.auto import tqdm
 
 from experiments.data.haystack import load_haystack
-from experiments.io import ResultStore, config_to_dict, experiment_sizes
+from experiments.io import STORE_COLUMNS, ResultStore, config_to_dict, experiment_sizes
 from experiments.models import LoadedModel, load_model, model_spec_from_config
 from experiments.plotting import figure_style, figure_title, save_figure
 from turboquant.kvcache import attach, build_cache
@@ -50,6 +53,7 @@ __all__ = [
     "PromptBuilder",
     "answer_words",
     "needle_score",
+    "stem",
     "sentence_boundaries",
     "insert_needle",
     "run",
@@ -71,8 +75,24 @@ _SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+")
 
 
 # --------------------------------------------------------------------------- scoring
+def stem(word: str) -> str:
+    """Strip one inflectional suffix (-ing, -ed, -es, -s; not the s of -ss) and a doubled final consonant.
+
+    sitting -> sit, eats -> eat, sandwiches -> sandwich, miss -> miss.
+    """
+    for suffix in ("ing", "ed", "es", "s"):
+        if suffix == "s" and word.endswith("ss"):  # miss, glass: not a plural
+            break
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)]
+            if suffix in ("ing", "ed") and word[-1] == word[-2] and word[-1] not in "lsz":
+                word = word[:-1]
+            break
+    return word
+
+
 def _words(text: str) -> list[str]:
-    return _WORD.findall(text.lower().replace("'s", ""))
+    return [stem(word) for word in _WORD.findall(text.lower().replace("'s", ""))]
 
 
 def answer_words(needle: str, question: str) -> tuple[str, ...]:
@@ -354,10 +374,27 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
                 **result,
             }
             store.save_unit(unit, [row])
+    if _rescore(store, units, task.keywords):
+        tqdm.write("needle: re-scored stored answers with the current scorer")
     frame = store.frame(units)
     if not frame.empty:
         _write_summary(frame, store.directory, list(methods))
     return frame
+
+
+def _rescore(store: ResultStore, units: list[dict[str, Any]], keywords: tuple[str, ...]) -> int:
+    """Rewrite the stored cells whose score is not the current scorer's score of their answer; how many."""
+    frame = store.frame(units)
+    if frame.empty:
+        return 0
+    fresh = frame["answer"].fillna("").astype(str).map(lambda answer: needle_score(answer, keywords))
+    stale = frame.index[~np.isclose(fresh.to_numpy(float), frame["score"].to_numpy(float))]
+    by_id = {store.unit_id(unit): unit for unit in units}
+    for index in stale:
+        unit = by_id[frame.at[index, "unit_id"]]
+        row = {k: v for k, v in frame.loc[index].items() if k not in STORE_COLUMNS and k not in unit}
+        store.save_unit(unit, [{**row, "score": float(fresh[index])}])
+    return len(stale)
 
 
 # --------------------------------------------------------------------------- tables

@@ -6,6 +6,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
@@ -31,7 +32,7 @@ KEYWORDS = TASK.keywords
 
 # --------------------------------------------------------------------------- scorer
 def test_answer_words_are_the_needles_content_words_not_in_the_question() -> None:
-    assert KEYWORDS == ("eat", "sandwich", "sit", "dolores", "park", "sunny", "day")
+    assert KEYWORDS == ("eat", "sandwich", "sit", "dolor", "park", "sunny", "day")  # stemmed
     with pytest.raises(ValueError, match="no content words"):
         answer_words("What is the best thing?", "What is the best thing?")
 
@@ -41,18 +42,25 @@ def test_answer_words_are_the_needles_content_words_not_in_the_question() -> Non
     [
         ("The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.", 1.0),
         ("EAT a SANDWICH, sit in dolores park, on a sunny day!", 1.0),
+        ("Eating sandwiches and sitting in Dolores Park on sunny days.", 1.0),
         ("Eat a sandwich.", 2 / 7),
         ("Sit in Dolores Park.", 3 / 7),
         ("The best thing to do in San Francisco is visit the Golden Gate Bridge.", 0.0),
         ("", 0.0),
     ],
-    ids=["exact", "case-and-punctuation", "partial-2", "partial-3", "wrong-but-parrots-question", "empty"],
+    ids=["exact", "case-and-punctuation", "inflections", "partial-2", "partial-3", "wrong-but-parrots-question", "empty"],
 )
 def test_needle_score_on_known_answers(answer: str, expected: float) -> None:
     assert needle_score(answer, KEYWORDS) == pytest.approx(expected)
 
 
 # --------------------------------------------------------------------------- placement
+def test_stem_strips_one_inflection() -> None:
+    assert [needle.stem(w) for w in ("sitting", "eats", "parked", "sandwiches", "is", "miss", "falling")] == [
+        "sit", "eat", "park", "sandwich", "is", "miss", "fall"
+    ]
+
+
 def test_insert_needle_lands_on_the_last_sentence_boundary_before_the_position() -> None:
     text = "One two three. Four five six? Seven eight nine! Ten."
     boundaries = sentence_boundaries(text)
@@ -184,6 +192,15 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
     monkeypatch.setattr(needle, "run_cell", lambda *a, **k: calls.append(1) or original(*a, **k))
     resumed = needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
     assert len(calls) == 1 and len(resumed) == len(df)
+
+    # a changed scorer: stored scores are recomputed from the stored answers, without the model
+    rows = pd.read_csv(csv, dtype={"config_id": str, "unit_id": str})
+    rows.loc[0, "score"] = 0.5 if rows.loc[0, "score"] != 0.5 else 0.25
+    rows.to_csv(csv, index=False)
+    monkeypatch.setattr(needle, "run_cell", refuse)
+    rescored = needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
+    expected = rescored["answer"].fillna("").map(lambda a: needle_score(a, KEYWORDS))
+    assert np.allclose(rescored["score"], expected) and len(rescored) == len(df)
 
     figures = needle.plot(resumed, cfg, tmp_path / "figures")
     assert {p.suffix for p in figures} == {".png", ".pdf"} and all(p.stat().st_size > 0 for p in figures)
