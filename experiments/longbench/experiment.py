@@ -269,6 +269,27 @@ def paired_samples(df: pd.DataFrame) -> pd.DataFrame:
     return df[done == n_methods]
 
 
+def agreement_with(df: pd.DataFrame, reference: str) -> pd.DataFrame:
+    """Per method, against ``reference`` on the same samples: ``same_prediction_%`` (identical decoded text)
+    and ``delta_se``, the standard error of the Average difference (×100) from the paired per-sample
+    differences: Average = mean over the 13 datasets, so SE² = Σ_d s_d² / n_d / 13² (s_d: std of the
+    differences on dataset d, n_d its samples)."""
+    keys = ["task", "sample_id"]
+    ref = df[df["method"] == reference].set_index(keys)[["prediction", "score"]]
+    rows = {}
+    for method, group in df.groupby("method", sort=False):
+        paired = group.set_index(keys)[["prediction", "score"]].join(ref, rsuffix="_ref", how="inner")
+        diff = (paired["score"] - paired["score_ref"]) * 100
+        per_task = diff.groupby(level="task").agg(["var", "count"])
+        n_tasks = per_task.shape[0]
+        variance = (per_task["var"].fillna(0) / per_task["count"]).sum() / n_tasks**2
+        rows[method] = {
+            "same_prediction_%": 100 * float((paired["prediction"].fillna("") == paired["prediction_ref"].fillna("")).mean()),
+            "delta_se": float(np.sqrt(variance)),
+        }
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
 def tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """``per_dataset`` (method × dataset, score ×100, with sample counts), ``table`` (paper form, methods with
     all 13 datasets) and ``buckets`` (method × LongBench-E length bucket, mean over datasets), all over the
@@ -286,6 +307,9 @@ def tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
         full = [m for m in complete if df.loc[df["method"] == m, "paper_method"].iloc[0] == "full"]
         if full:
             table.insert(1, "delta_vs_full", table["Average"] - table.loc[full[0], "Average"])
+            fidelity = agreement_with(df, full[0])
+            table.insert(2, "delta_se", fidelity["delta_se"].reindex(table.index))
+            table.insert(3, "same_prediction_%", fidelity["same_prediction_%"].reindex(table.index))
     by_bucket = df.groupby(["method", "task", "length_bucket"])["score"].mean().reset_index()
     buckets = by_bucket.pivot_table(index="method", columns="length_bucket", values="score", aggfunc="mean") * 100
     buckets = buckets.reindex(index=order, columns=[b for b in LENGTH_BUCKETS if b in buckets.columns])
