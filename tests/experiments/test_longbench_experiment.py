@@ -64,6 +64,7 @@ def cfg():
         "~experiment.methods.kivi_5bit",
         "~experiment.methods.polarquant_3p9bit",
         "~experiment.methods.turboquant_2p5bit",
+        "experiment.methods.turboquant_3p5bit.options.residual_length=0",  # fixture prompts < 128 tokens
     ]
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         return compose("config", overrides=overrides)
