@@ -376,6 +376,8 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
             store.save_unit(unit, [row])
     if _rescore(store, units, task.keywords):
         tqdm.write("needle: re-scored stored answers with the current scorer")
+    # the cells of this run's grid and methods: paper_comparison keeps only these rows of the config
+    store.record_provenance(unit_ids=[store.unit_id(unit) for unit in units])
     frame = store.frame(units)
     if not frame.empty:
         _write_summary(frame, store.directory, list(methods))
@@ -462,7 +464,13 @@ def _write_summary(df: pd.DataFrame, directory: Path, order: list[str]) -> list[
 
 
 def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Mean needle score of each method that stands for one of the paper's (``paper_method`` set)."""
+    """Mean needle score of each method that stands for one of the paper's (``paper_method`` set).
+
+    Only the cells of the latest run's grid and method settings count (``unit_ids`` in the provenance).
+    """
+    unit_ids = df.attrs.get("provenance", {}).get("unit_ids")
+    if unit_ids is not None:  # rows of earlier grids / method settings under the same config are not this run's
+        df = df[df["unit_id"].isin(set(unit_ids))]
     if df.empty:
         return []
     known = _paper_scores()

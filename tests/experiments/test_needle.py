@@ -204,6 +204,10 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
 
     figures = needle.plot(resumed, cfg, tmp_path / "figures")
     assert {p.suffix for p in figures} == {".png", ".pdf"} and all(p.stat().st_size > 0 for p in figures)
+    stale = resumed.copy()
+    stale.loc[len(stale)] = {**resumed.iloc[0].to_dict(), "unit_id": "not-this-run", "score": 0.0}
+    stale.attrs = resumed.attrs
+    assert needle.paper_comparison(stale) == needle.paper_comparison(resumed), "rows of other runs are ignored"
     comparison = {item["id"]: item for item in needle.paper_comparison(resumed)}
     assert set(comparison) == {"needle.score.full", "needle.score.snapkv"}
     assert "tiny random Llama" in comparison["needle.score.full"]["detail"]
