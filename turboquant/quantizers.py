@@ -35,6 +35,32 @@ __all__ = ["QuantizedVectors", "TurboQuantMSE", "TurboQuantProd", "QJL"]
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _DEFAULT_CHUNK = 16384
 _NORM_DTYPE = torch.float32
+BACKENDS = ("auto", "torch", "triton")
+_TRITON_MAX_BITS = 4       # the kernels' code widths (turboquant.kernels._layout)
+_TRITON_PROD_MAX_DIM = 256  # the fused TurboQuant_prod kernel works on one tile per row
+
+
+def _use_triton(backend: str, device: torch.device, supported: bool) -> bool:
+    """Whether quantize / inner_product run the Triton kernels (``turboquant.kernels``).
+
+    "torch" never does; "triton" always does (ValueError if Triton cannot run on ``device`` or the
+    configuration has no kernel); "auto" does on CUDA devices when Triton is installed. The kernels
+    return the same codes as the torch path except for coordinates within fp16 rounding of a midpoint.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return False
+    from .kernels import triton_available
+
+    if backend == "triton":
+        if not triton_available(device):
+            raise ValueError(f"backend='triton' needs Triton and a CUDA device (or TRITON_INTERPRET=1), got {device}")
+        if not supported:
+            raise ValueError(f"backend='triton' supports bits <= {_TRITON_MAX_BITS} (TurboQuant_prod: "
+                             f"dim <= {_TRITON_PROD_MAX_DIM})")
+        return True
+    return supported and device.type == "cuda" and triton_available(device)
 
 
 @dataclass(frozen=True, eq=False)
@@ -217,11 +243,12 @@ class TurboQuantMSE(_VectorQuantizer):
         rotation: ``"haar"`` (the paper's Π) or ``"hadamard"`` (fast substitute).
         seed: seeds Π.  density: codebook density, ``"exact"`` (f_d) or ``"gaussian"`` (N(0, 1/d)).
         device: where codes, codebook and rotation live.  chunk_size: vectors processed at a time.
+        backend: ``"auto"`` (Triton kernels on CUDA, torch elsewhere), ``"torch"`` or ``"triton"``.
     """
 
     def __init__(self, dim: int, bits: int, rotation: str = "haar", seed: int = 0,
                  device: torch.device | str | None = None, density: str = "exact",
-                 chunk_size: int = _DEFAULT_CHUNK):
+                 chunk_size: int = _DEFAULT_CHUNK, backend: str = "auto"):
         self.dim = _check_dim(dim)
         self.bits = self.mse_bits = _check_bits(bits, 1, MAX_BITS, "TurboQuantMSE")
         self.seed = int(seed)
@@ -232,6 +259,8 @@ class TurboQuantMSE(_VectorQuantizer):
         self.rotation: Rotation = make_rotation(rotation, self.dim, self.seed, self.device)
         self._centroids = self.codebook.centroids_tensor(self.device)
         self._boundaries = self.codebook.boundaries_tensor(self.device)
+        self.backend = backend
+        self._triton = _use_triton(backend, self.device, self.bits <= _TRITON_MAX_BITS)
 
     @property
     def signature(self) -> str:
@@ -261,11 +290,17 @@ class TurboQuantMSE(_VectorQuantizer):
         """Quantize x (…, d) to packed b-bit codes plus float32 norms."""
         x = self._validated(x)
         lead = x.shape[:-1]
-        unit, norms = self._split_norms(x)
-        codes = torch.empty(unit.shape[0], packed_size(self.dim, self.bits), dtype=torch.uint8,
-                            device=self.device)
-        for part in self._chunks(unit.shape[0]):
-            codes[part] = pack_codes(self.encode_unit(unit[part]), self.bits)
+        if self._triton and x.dtype != torch.float64:
+            from .kernels import quantize_mse_triton
+
+            codes, norms = quantize_mse_triton(x.reshape(-1, self.dim).to(self.device), self.rotation.matrix(),
+                                               self.codebook.boundaries, self.bits, norms_dtype=_NORM_DTYPE)
+        else:
+            unit, norms = self._split_norms(x)
+            codes = torch.empty(unit.shape[0], packed_size(self.dim, self.bits), dtype=torch.uint8,
+                                device=self.device)
+            for part in self._chunks(unit.shape[0]):
+                codes[part] = pack_codes(self.encode_unit(unit[part]), self.bits)
         return QuantizedVectors(codes=codes.reshape(*lead, -1), norms=norms.to(_NORM_DTYPE).reshape(lead),
                                 qjl_signs=None, residual_norms=None, dim=self.dim, bits=self.bits,
                                 mse_bits=self.bits, signature=self.signature, dtype=x.dtype)
@@ -293,6 +328,12 @@ class TurboQuantMSE(_VectorQuantizer):
         self._check_codes(q)
         rotated_queries = self.rotation.apply(queries)
         flat = q.flatten()
+        if self._triton:
+            from .kernels import mse_scores_triton
+
+            scores = mse_scores_triton(rotated_queries[None], flat.codes[None], flat.norms[None], self._centroids,
+                                       self.bits)[0]
+            return self._scores_shape(y, q, scores)
         scores = torch.empty(queries.shape[0], len(flat.norms), dtype=torch.float32, device=self.device)
         for part in self._chunks(scores.shape[1]):
             values = self.centroid_values(unpack_codes(flat.codes[part], self.bits, self.dim))
@@ -383,7 +424,7 @@ class TurboQuantProd(_VectorQuantizer):
 
     def __init__(self, dim: int, bits: int, rotation: str = "haar", seed: int = 0,
                  device: torch.device | str | None = None, density: str = "exact",
-                 chunk_size: int = _DEFAULT_CHUNK):
+                 chunk_size: int = _DEFAULT_CHUNK, backend: str = "auto"):
         self.dim = _check_dim(dim)
         self.bits = _check_bits(bits, 1, MAX_BITS, "TurboQuantProd")
         self.mse_bits = self.bits - 1
@@ -394,7 +435,11 @@ class TurboQuantProd(_VectorQuantizer):
         self.density = density
         if rotation not in ROTATION_KINDS:
             raise ValueError(f"rotation must be one of {ROTATION_KINDS}, got {rotation!r}")
-        self.mse = (TurboQuantMSE(self.dim, self.mse_bits, rotation, self.seed, self.device, density, chunk_size)
+        self.backend = backend
+        self._triton = _use_triton(backend, self.device,
+                                   self.mse_bits <= _TRITON_MAX_BITS and self.dim <= _TRITON_PROD_MAX_DIM)
+        self.mse = (TurboQuantMSE(self.dim, self.mse_bits, rotation, self.seed, self.device, density, chunk_size,
+                                  "triton" if self._triton else "torch")
                     if self.mse_bits else None)
         self.qjl = QJL(self.dim, _derive_seed(self.seed, "qjl"), self.device, chunk_size)
 
@@ -418,6 +463,18 @@ class TurboQuantProd(_VectorQuantizer):
     def quantize(self, x: torch.Tensor) -> QuantizedVectors:
         x = self._validated(x)
         lead = x.shape[:-1]
+        if self._triton and x.dtype != torch.float64:
+            from .kernels import quantize_prod_triton
+
+            mse_stage = ((self.mse.rotation.matrix(), self.codebook.boundaries, self.mse._centroids)
+                         if self.mse else (None, None, None))
+            codes, signs, norms, residual_norms = quantize_prod_triton(
+                x.reshape(-1, self.dim).to(self.device), *mse_stage, self.mse_bits, self.qjl.matrix,
+                norms_dtype=_NORM_DTYPE)
+            return QuantizedVectors(codes=codes.reshape(*lead, -1), norms=norms.reshape(lead),
+                                    qjl_signs=signs.reshape(*lead, -1), residual_norms=residual_norms.reshape(lead),
+                                    dim=self.dim, bits=self.bits, mse_bits=self.mse_bits,
+                                    signature=self.signature, dtype=x.dtype)
         unit, norms = self._split_norms(x)
         n = unit.shape[0]
         codes = torch.empty(n, packed_size(self.dim, self.mse_bits) if self.mse else 0, dtype=torch.uint8,
@@ -460,6 +517,18 @@ class TurboQuantProd(_VectorQuantizer):
         sketched = self.qjl.sketch(queries)
         rotated = self.mse.rotation.apply(queries) if self.mse else None
         flat = q.flatten()
+        if self._triton:
+            from .kernels import mse_scores_triton
+
+            # sign bits are 1-bit codes of the codebook (-1, +1); the residual norm plays the key norm
+            unit_scores = self.qjl.scale * mse_scores_triton(
+                sketched[None], flat.qjl_signs[None], flat.residual_norms[None],
+                torch.tensor([-1.0, 1.0], device=self.device), 1)[0]
+            if self.mse:
+                unit_scores = unit_scores + mse_scores_triton(rotated[None], flat.codes[None],
+                                                              torch.ones_like(flat.norms)[None],
+                                                              self.mse._centroids, self.mse_bits)[0]
+            return self._scores_shape(y, q, unit_scores * flat.norms.float())
         scores = torch.empty(queries.shape[0], len(flat.norms), dtype=torch.float32, device=self.device)
         for part in self._chunks(scores.shape[1]):
             unit_scores = self.qjl.scale * (sketched @ self.qjl.signs(flat.qjl_signs[part]).T) \
