@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -529,7 +530,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
                         ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6)
             label = rows["method_label"].iloc[0]
             bits, ratio = rows["bits_per_value"].mean(), rows["memory_ratio"].mean()
-            ax.set_title(f"{label}\nmean score {rows['score'].mean():.3f} · {bits:.2f} bits ({100 * ratio:.1f}%)")
+            ax.set_title(f"{textwrap.fill(label, 34)}\nmean score {rows['score'].mean():.3f} · {bits:.2f} bits ({100 * ratio:.1f}%)")
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("needle depth")
         for ax in list(axes.flat)[len(methods) :]:
@@ -537,6 +538,10 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
         fig.colorbar(image, ax=axes, shrink=0.8, label="score")
         budget = float(cfg.experiment.memory_ratio)
         fig.suptitle(
-            figure_title(f"Needle-in-a-haystack (paper Fig. 4), every cache at ≤{100 * budget:g}% of the 16-bit KV memory", provenance)
+            figure_title(
+                f"Needle-in-a-haystack (paper Fig. 4), memory budget {100 * budget:g}% of the 16-bit KV cache "
+                "(measured bits and % per panel)",
+                provenance,
+            )
         )
         return save_figure(fig, figures_dir, f"fig4_needle_{cfg.model.name}")
