@@ -440,9 +440,11 @@ def _paper_scores() -> dict[str, float]:
 
 
 def _write_summary(df: pd.DataFrame, directory: Path, order: list[str]) -> list[Path]:
+    """``summary_<model>.csv`` and ``.md`` in the experiment's results folder (one pair per model)."""
     table = summary_table(df, order)
     directory.mkdir(parents=True, exist_ok=True)
-    csv_path, md_path = directory / "summary.csv", directory / "summary.md"
+    stem = f"summary_{df['model'].iloc[0]}"
+    csv_path, md_path = directory / f"{stem}.csv", directory / f"{stem}.md"
     table.to_csv(csv_path, index=False)
     contexts = sorted(df["context"].unique())
     lines = [

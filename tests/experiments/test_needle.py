@@ -166,8 +166,8 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
     snap = df[df["method"] == "snapkv"]
     assert full["memory_ratio"].round(6).eq(1.0).all(), "the full cache is the 16-bit reference"
     assert (snap["memory_ratio"] < 0.5).all(), "SnapKV keeps a fraction of the prompt"
-    assert (store.directory / "summary.csv").exists() and (store.directory / "summary.md").exists()
-    summary = pd.read_csv(store.directory / "summary.csv")
+    assert (store.directory / "summary_tiny.csv").exists() and (store.directory / "summary_tiny.md").exists()
+    summary = pd.read_csv(store.directory / "summary_tiny.csv")
     assert list(summary["method"]) == ["full", "snapkv"]
     assert summary.loc[0, "paper_score_arxiv_v1"] == pytest.approx(0.997)
 
