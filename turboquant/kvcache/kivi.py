@@ -31,9 +31,9 @@ import math
 import torch
 
 import turboquant as tq
-from turboquant.kvcache.base import CompressedCache, CompressedLayer
+from turboquant.kvcache.base import CompressedCache
 from turboquant.kvcache.factory import ModelShape, register_method
-from turboquant.kvcache.stream import Encoder, Fields, QuantizedStream, quantized_and_residual
+from turboquant.kvcache.stream import Encoder, Fields, QuantizedStream, StreamLayer, quantized_and_residual
 
 SCALE_BYTES = 2  # fp16 scale and fp16 zero point per group
 
@@ -92,7 +92,7 @@ class KIVIValueEncoder(Encoder):
         return out.reshape(batch, heads, tokens, dim)
 
 
-class KIVILayer(CompressedLayer):
+class KIVILayer(StreamLayer):
     """One layer of KIVI; see the module docstring for the scheme and the byte formula."""
 
     def __init__(
@@ -118,19 +118,6 @@ class KIVILayer(CompressedLayer):
         self.value_stream = QuantizedStream(
             KIVIValueEncoder(self.bits, self.group_size, self.head_dim), self.residual_length, "sliding", **common
         )
-
-    def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.key_stream.read(), self.value_stream.read()
-
-    def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.key_stream.append(key_states)
-        self.value_stream.append(value_states)
-
-    def stored_tokens(self) -> int:
-        return self.key_stream.tokens if self.is_initialized else 0
-
-    def nbytes(self) -> int:
-        return self.key_stream.nbytes() + self.value_stream.nbytes() if self.is_initialized else 0
 
     def expected_nbytes(self) -> int:
         if not self.is_initialized:

@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 import turboquant as tq
-from turboquant.kvcache.base import CompressedCache, CompressedLayer
+from turboquant.kvcache.base import CompressedCache
 from turboquant.kvcache.factory import ModelShape, register_method
-from turboquant.kvcache.stream import Encoder, Fields, QuantizedStream, quantized_and_residual
+from turboquant.kvcache.stream import Encoder, Fields, QuantizedStream, StreamLayer, quantized_and_residual
 
 PAPER_LEVEL_BITS = (4, 2, 2, 2)
 RADIUS_BYTES = 2  # fp16
@@ -137,7 +137,7 @@ class PolarEncoder(Encoder):
         return self.rotation.inverse(radii.reshape(batch, heads, tokens, self.head_dim))
 
 
-class PolarQuantLayer(CompressedLayer):
+class PolarQuantLayer(StreamLayer):
     """One PolarQuant layer (keys and values); see the module docstring for the scheme and the byte formula."""
 
     def __init__(self, layer_idx: int, level_bits: tuple[int, ...], rotation: str, seed: int,
@@ -156,19 +156,6 @@ class PolarQuantLayer(CompressedLayer):
                             self.residual_length, "block", self.fp_dtype, self.compute_dtype, self.keep_workspace)
             for offset in (0, 10)
         )
-
-    def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.key_stream.read(), self.value_stream.read()
-
-    def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.key_stream.append(key_states)
-        self.value_stream.append(value_states)
-
-    def stored_tokens(self) -> int:
-        return self.key_stream.tokens if self.is_initialized else 0
-
-    def nbytes(self) -> int:
-        return self.key_stream.nbytes() + self.value_stream.nbytes() if self.is_initialized else 0
 
     def expected_nbytes(self) -> int:
         if not self.is_initialized:

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from turboquant.kvcache.base import tensor_nbytes
+from turboquant.kvcache.base import CompressedLayer, tensor_nbytes
 
 FLUSH_POLICIES = ("block", "sliding")
 Fields = dict[str, torch.Tensor]
@@ -136,3 +136,27 @@ class QuantizedStream:
     def nbytes(self) -> int:
         """Stored bytes: packed fields + 16-bit residual + the encoder's side information."""
         return self.packed_nbytes() + tensor_nbytes(self.residual) + self.encoder.side_nbytes()
+
+
+class StreamLayer(CompressedLayer):
+    """A compressed layer whose keys and values are two :class:`QuantizedStream` s.
+
+    Subclasses build ``self.key_stream`` / ``self.value_stream`` in ``lazy_initialization`` and give
+    the byte formula in ``expected_nbytes``; reading, writing and byte counting are shared here.
+    """
+
+    key_stream: QuantizedStream
+    value_stream: QuantizedStream
+
+    def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.key_stream.read(), self.value_stream.read()
+
+    def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.key_stream.append(key_states)
+        self.value_stream.append(value_states)
+
+    def stored_tokens(self) -> int:
+        return self.key_stream.tokens if self.is_initialized else 0
+
+    def nbytes(self) -> int:
+        return self.key_stream.nbytes() + self.value_stream.nbytes() if self.is_initialized else 0

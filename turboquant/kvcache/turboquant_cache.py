@@ -54,10 +54,10 @@ from typing import Callable
 import torch
 
 import turboquant as tq
-from turboquant.kvcache.base import CompressedCache, CompressedLayer
+from turboquant.kvcache.base import CompressedCache
 from turboquant.kvcache.factory import ModelShape, register_method
 from turboquant.kvcache.full import FullPrecisionLayer
-from turboquant.kvcache.stream import Encoder, Fields, QuantizedStream, quantized_and_residual
+from turboquant.kvcache.stream import Encoder, Fields, QuantizedStream, StreamLayer, quantized_and_residual
 
 KEY_VARIANTS = ("mse", "prod")
 ROTATIONS = ("haar", "hadamard")
@@ -224,7 +224,7 @@ class TurboQuantEncoder(Encoder):
         return 0 if self.outlier_index is None else self.outlier_index.numel() * self.outlier_index.element_size()
 
 
-class TurboQuantLayer(CompressedLayer):
+class TurboQuantLayer(StreamLayer):
     """One quantized layer; see the module docstring for the scheme and the byte formula."""
 
     def __init__(self, layer_idx: int, config: TurboQuantCacheConfig, fp_dtype: torch.dtype | None = None,
@@ -245,19 +245,6 @@ class TurboQuantLayer(CompressedLayer):
                 keep_workspace=self.keep_workspace, decode_fn=self.decode_fn,
             )
         self.key_stream, self.value_stream = streams["key"], streams["value"]
-
-    def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.key_stream.read(), self.value_stream.read()
-
-    def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.key_stream.append(key_states)
-        self.value_stream.append(value_states)
-
-    def stored_tokens(self) -> int:
-        return self.key_stream.tokens if self.is_initialized else 0
-
-    def nbytes(self) -> int:
-        return self.key_stream.nbytes() + self.value_stream.nbytes() if self.is_initialized else 0
 
     def expected_nbytes(self) -> int:
         if not self.is_initialized:
