@@ -29,7 +29,6 @@ import json
 import math
 import re
 import textwrap
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,9 +42,9 @@ from tqdm.auto import tqdm
 
 from experiments.data.haystack import load_haystack
 from experiments.io import STORE_COLUMNS, ResultStore, config_to_dict, experiment_sizes
+from experiments.kv_generation import generate_with_cache, kv_methods
 from experiments.models import LoadedModel, load_model, model_spec_from_config
 from experiments.plotting import figure_style, figure_title, save_figure
-from turboquant.kvcache import attach, build_cache
 
 __all__ = [
     "RESULT_KEYS",
@@ -248,38 +247,19 @@ def _method_label(method: dict[str, Any], name: str) -> str:
     return str(method.get("label", name))
 
 
-@torch.inference_mode()
 def run_cell(
     loaded: LoadedModel, prompt: NeedlePrompt, cache_method: str, options: dict[str, Any], max_new_tokens: int
 ) -> dict[str, Any]:
     """Prefill + greedy decode one prompt with a fresh cache; the answer, timings and cache accounting."""
-    model, tokenizer = loaded.model, loaded.tokenizer
-    device = next(model.parameters()).device
-    input_ids = prompt.input_ids.to(device)
-    cache = build_cache(cache_method, model.config, **options)
-    start = time.perf_counter()
-    with attach(model, cache):
-        output = model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            cache=cache,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    seconds = time.perf_counter() - start
-    new_tokens = output[0, input_ids.shape[-1] :]
+    result = generate_with_cache(loaded, prompt.input_ids, cache_method, options, max_new_tokens)
     return {
-        "answer": tokenizer.decode(new_tokens, skip_special_tokens=True).strip(),
-        "answer_tokens": int(new_tokens.numel()),
-        "seconds": seconds,
-        "cache_nbytes": int(cache.nbytes()),
-        "memory_ratio": float(cache.memory_ratio()),
-        "bits_per_value": float(cache.bits_per_value()),
-        "compression_ratio": float(cache.compression_ratio()),
+        "answer": result.text.strip(),
+        "answer_tokens": result.new_tokens,
+        "seconds": result.seconds,
+        "cache_nbytes": result.cache_nbytes,
+        "memory_ratio": result.memory_ratio,
+        "bits_per_value": result.bits_per_value,
+        "compression_ratio": result.compression_ratio,
     }
 
 
@@ -312,16 +292,6 @@ def _grid(cfg: Any, max_context: int | None, max_new_tokens: int) -> tuple[list[
     return contexts, depths
 
 
-def _methods(cfg: Any) -> dict[str, dict[str, Any]]:
-    methods = config_to_dict(cfg.experiment.methods)
-    if not methods:
-        raise ValueError("experiment.methods is empty")
-    for name, method in methods.items():
-        if "cache" not in method:
-            raise ValueError(f"method {name!r} lacks 'cache' (the turboquant.kvcache method name)")
-    return methods
-
-
 def _describe(loaded: LoadedModel, haystack_source: dict[str, Any]) -> dict[str, Any]:
     haystack = f"{haystack_source['package']}=={haystack_source['version']}"
     spec = loaded.spec
@@ -339,7 +309,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     spec = model_spec_from_config(cfg.model)
     max_new_tokens = int(cfg.experiment.generation.max_new_tokens)
     contexts, depths = _grid(cfg, spec.max_context, max_new_tokens)
-    methods = _methods(cfg)
+    methods = kv_methods(cfg)
     task = _task(cfg)
     # context-major: a run stopped early leaves complete grids at the shorter contexts for every method
     cells = [(name, c, d) for c in contexts for name in methods for d in depths]

@@ -20,7 +20,6 @@ per-dataset scores and LongBench-E's length buckets; it names the model and data
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from experiments.io import ResultStore, config_to_dict, experiment_sizes
+from experiments.kv_generation import generate_with_cache, kv_methods
 from experiments.longbench.data import DataSpec, data_spec_from_config, describe_data, load_samples
 from experiments.longbench.metrics import DATASET_METRIC, FIRST_LINE_DATASETS, LENGTH_BUCKETS, length_bucket, score_sample
 from experiments.longbench.prompts import DATASETS, DatasetSpec, dataset_spec, format_prompt, truncate_middle
@@ -38,7 +38,6 @@ from experiments.longbench.sample import LongBenchSample
 from experiments.longbench.table import CATEGORIES, CATEGORY_OF, PAPER_TABLE1, summary_table
 from experiments.models import LoadedModel, load_model, model_spec_from_config
 from experiments.plotting import figure_style, figure_title, save_figure
-from turboquant.kvcache import attach, build_cache
 
 __all__ = ["RESULT_KEYS", "build_input_ids", "generate", "run", "plot", "tables", "paper_comparison"]
 
@@ -94,7 +93,6 @@ class _ScoredLineStop:
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
-@torch.inference_mode()
 def generate(
     loaded: LoadedModel,
     input_ids: torch.Tensor,
@@ -106,53 +104,26 @@ def generate(
     """Greedy decoding of one prompt with a fresh cache of ``cache_method``; prediction and cache accounting."""
     from transformers import StoppingCriteriaList
 
-    model, tokenizer = loaded.model, loaded.tokenizer
-    device = next(model.parameters()).device
-    input_ids = input_ids.to(device)
+    tokenizer = loaded.tokenizer
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     newline = tokenizer.encode("\n", add_special_tokens=False)
     if spec.stop_at_newline and newline:  # samsum: LongBench adds the newline token to the end-of-sequence ids
         eos.append(newline[-1])
-    cache = build_cache(cache_method, model.config, **dict(options))
-    start = time.perf_counter()
-    with attach(model, cache):
-        output = model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            past_key_values=cache,
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=1,
-            do_sample=False,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-            eos_token_id=eos or None,
-            pad_token_id=tokenizer.pad_token_id,
-            stopping_criteria=StoppingCriteriaList([_ScoredLineStop(tokenizer, spec.name, input_ids.shape[-1])]),
-        )
-    seconds = time.perf_counter() - start
-    new_tokens = output[0, input_ids.shape[-1] :]
+    result = generate_with_cache(
+        loaded, input_ids, cache_method, options, max_new_tokens, eos_token_ids=eos, min_new_tokens=1,
+        stopping_criteria=StoppingCriteriaList([_ScoredLineStop(tokenizer, spec.name, input_ids.shape[-1])]),
+    )
     return {
-        "prediction": tokenizer.decode(new_tokens, skip_special_tokens=True),
-        "new_tokens": int(new_tokens.numel()),
-        "seconds": seconds,
-        "cache_nbytes": int(cache.nbytes()),
-        "memory_ratio": float(cache.memory_ratio()),
-        "bits_per_value": float(cache.bits_per_value()),
+        "prediction": result.text,
+        "new_tokens": result.new_tokens,
+        "seconds": result.seconds,
+        "cache_nbytes": result.cache_nbytes,
+        "memory_ratio": result.memory_ratio,
+        "bits_per_value": result.bits_per_value,
     }
 
 
 # --------------------------------------------------------------------------- experiment
-def _methods(cfg: Any) -> dict[str, dict[str, Any]]:
-    methods = config_to_dict(cfg.experiment.methods)
-    if not methods:
-        raise ValueError("experiment.methods is empty")
-    for name, method in methods.items():
-        if "cache" not in method:
-            raise ValueError(f"method {name!r} lacks 'cache' (the turboquant.kvcache method name)")
-    return methods
-
-
 def _datasets(cfg: Any) -> list[str]:
     names = list(cfg.experiment.datasets)
     unknown = [n for n in names if n not in DATASETS]
@@ -176,7 +147,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     if model_spec.max_context is not None and max_length > model_spec.max_context:
         raise ValueError(f"max_length {max_length} exceeds the model's {model_spec.max_context}-token window")
     data = data_spec_from_config(config_to_dict(cfg.longbench_data))
-    methods = _methods(cfg)
+    methods = kv_methods(cfg)
     datasets = _datasets(cfg)
     seed = int(cfg.seed)
 

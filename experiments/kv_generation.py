@@ -1,0 +1,93 @@
+"""Greedy generation through a compressed KV cache: the loop the needle and LongBench experiments share.
+
+Each prompt gets a fresh cache from :func:`turboquant.kvcache.build_cache` (caches hold one
+conversation), attached to the model for the eviction methods' query hooks, and the cache's own byte
+accounting is returned with the text so every row records the memory it really used.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from experiments.io import config_to_dict
+from experiments.models import LoadedModel
+from turboquant.kvcache import attach, build_cache
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One greedy continuation and what the cache that produced it cost."""
+
+    text: str
+    new_tokens: int
+    seconds: float
+    cache_nbytes: int
+    memory_ratio: float
+    bits_per_value: float
+    compression_ratio: float
+
+
+def kv_methods(cfg: Any) -> dict[str, dict[str, Any]]:
+    """``experiment.methods`` as plain dicts (configs/method/), each naming its ``cache`` method."""
+    methods = config_to_dict(cfg.experiment.methods)
+    if not methods:
+        raise ValueError("experiment.methods is empty")
+    for name, method in methods.items():
+        if "cache" not in method:
+            raise ValueError(f"method {name!r} lacks 'cache' (the turboquant.kvcache method name)")
+    return methods
+
+
+@torch.inference_mode()
+def generate_with_cache(
+    loaded: LoadedModel,
+    input_ids: torch.Tensor,
+    cache_method: str,
+    options: Mapping[str, Any],
+    max_new_tokens: int,
+    *,
+    eos_token_ids: Sequence[int] | None = None,
+    min_new_tokens: int | None = None,
+    stopping_criteria: Any = None,
+) -> Generation:
+    """Prefill ``input_ids`` (1, n) and decode greedily with a fresh ``cache_method`` cache."""
+    model, tokenizer = loaded.model, loaded.tokenizer
+    input_ids = input_ids.to(next(model.parameters()).device)
+    cache = build_cache(cache_method, model.config, **dict(options))
+    extra: dict[str, Any] = {}
+    if eos_token_ids:
+        extra["eos_token_id"] = list(eos_token_ids)
+    if min_new_tokens is not None:
+        extra["min_new_tokens"] = min_new_tokens
+    if stopping_criteria is not None:
+        extra["stopping_criteria"] = stopping_criteria
+    start = time.perf_counter()
+    with attach(model, cache):
+        output = model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            cache=cache,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            pad_token_id=tokenizer.pad_token_id,
+            **extra,
+        )
+    seconds = time.perf_counter() - start
+    new_tokens = output[0, input_ids.shape[-1]:]
+    return Generation(
+        text=tokenizer.decode(new_tokens, skip_special_tokens=True),
+        new_tokens=int(new_tokens.numel()),
+        seconds=seconds,
+        cache_nbytes=int(cache.nbytes()),
+        memory_ratio=float(cache.memory_ratio()),
+        bits_per_value=float(cache.bits_per_value()),
+        compression_ratio=float(cache.compression_ratio()),
+    )
