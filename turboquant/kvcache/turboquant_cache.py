@@ -26,13 +26,26 @@ blocks of ``R``, so the last ``< R`` stay in fp16, as in the authors' code), ``b
 last that many layers kept in fp16, vLLM's "boundary layers"), ``rotation`` (``haar`` = the paper's Π,
 ``hadamard`` = the fast randomized Hadamard substitute) and ``seed``.
 
+Key centering (``center_keys=True``, an extension, not in the paper). TurboQuant's error on a vector scales
+with its norm (Theorem 1: ``E||x - x~||^2 = D_mse * ||x||^2``), and real keys share a large component across
+tokens (a ``k_proj`` bias, as in Qwen2.5; outlier channels). Attention is blind to such a component: for a
+query ``q`` and any vector ``mu``, ``softmax_j(q . k_j) = softmax_j(q . (k_j - mu))`` because ``q . mu`` shifts
+every logit of that query equally. So per layer, batch row and KV head the cache stores ``mu`` = the mean of
+the prefill's keys (fp16), quantizes ``k - mu`` for every key written (prefill and later tokens alike, same
+``mu``), and adds ``mu`` back when reading — the attention weights see the error of ``k - mu`` only. The outlier
+channels are chosen on the centered keys. Values are never centered (their weighted sum is not shift-invariant).
+The cache sees keys after the rotary embedding, which turns a constant pre-RoPE offset ``b`` into ``R_j b`` at
+position ``j``: only its slowly rotating (low-frequency) channel pairs stay common to all tokens, so ``mu``
+removes a bias there and averages it out elsewhere.
+
 Bytes of one quantized layer (``B`` batch, ``H`` KV heads, ``n_q`` quantized and ``n_r`` fp16 tokens; a stream
 with channel groups ``m_j`` at ``b_j`` bits)::
 
     token_bytes(stream) = sum_j [ ceil(m_j * b_j / 8) + 2 ]                                   (mse)
                         = sum_j [ ceil(m_j * (b_j - 1) / 8) + ceil(m_j / 8) + 2 + 2 ]           (prod: + QJL signs, residual norm)
-    nbytes = B*H*[ n_q * (token_bytes(K) + token_bytes(V)) + 2 * 2*d*n_r + index_bytes ]
+    nbytes = B*H*[ n_q * (token_bytes(K) + token_bytes(V)) + 2 * 2*d*n_r + index_bytes + center_bytes ]
     index_bytes = (k_K + k_V) * (1 if d <= 256 else 2)      (outlier channel indices, 0 without a split)
+    center_bytes = 2*d if center_keys else 0                  (the fp16 key mean mu)
 
 ``value_outliers=False`` splits the keys only (values at ``value_bits`` throughout), which is what the
 authors' supplementary code does (2.5-bit keys with 32 outlier channels, 2-bit values).
@@ -41,7 +54,9 @@ Boundary layers cost ``2*B*H*n*d*2`` bytes like the full cache.
 
 Attention on CPU reads the keys back through the library's torch dequantization (``TurboQuantMSE.dequantize``
 / ``TurboQuantProd.dequantize``); ``decode_fn`` is the hook for a fused CUDA decode (``turboquant.kernels``),
-called as ``decode_fn(encoder, fields)`` on the packed fields of a chunk (see :mod:`turboquant.kvcache.stream`).
+called as ``decode_fn(encoder, fields)`` on the packed fields of a chunk (see :mod:`turboquant.kvcache.stream`);
+with ``center_keys`` it must add ``encoder.key_mean`` back (as ``decode`` does): attention also sees the
+current tokens' keys as computed, so only keys with ``mu`` restored share one offset with them.
 """
 
 from __future__ import annotations
@@ -54,7 +69,7 @@ from typing import Callable
 import torch
 
 import turboquant as tq
-from turboquant.kvcache.base import CompressedCache
+from turboquant.kvcache.base import CompressedCache, tensor_nbytes
 from turboquant.kvcache.factory import ModelShape, register_method
 from turboquant.kvcache.full import FullPrecisionLayer
 from turboquant.kvcache.stream import Encoder, Fields, QuantizedStream, StreamLayer, quantized_and_residual
@@ -79,6 +94,7 @@ class TurboQuantCacheConfig:
     boundary_layers: int = 0
     rotation: str = "haar"
     seed: int = 0
+    center_keys: bool = False
 
     def __post_init__(self) -> None:
         if self.key_variant not in KEY_VARIANTS:
@@ -92,6 +108,8 @@ class TurboQuantCacheConfig:
         for name, value in checks:
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 8:
                 raise ValueError(f"{name} must be an integer in 1..8, got {value!r}")
+        if not isinstance(self.center_keys, bool):
+            raise ValueError(f"center_keys must be a bool, got {self.center_keys!r}")
         if self.outlier_channels < 0 or self.residual_length < 0 or self.boundary_layers < 0:
             raise ValueError("outlier_channels, residual_length and boundary_layers must be >= 0")
 
@@ -153,11 +171,13 @@ def _make_quantizer(dim: int, bits: int, variant: str, rotation: str, seed: int,
 
 
 class TurboQuantEncoder(Encoder):
-    """One stream (keys or values) of one layer: optional outlier split, one TurboQuant instance per group."""
+    """One stream (keys or values) of one layer: optional centering (keys), optional outlier split, one
+    TurboQuant instance per channel group."""
 
     def __init__(self, head_dim: int, groups: list[tuple[int, int]], variant: str, rotation: str, seed: int,
-                 device: torch.device) -> None:
-        self.head_dim, self.variant = head_dim, variant
+                 device: torch.device, center: bool = False) -> None:
+        self.head_dim, self.variant, self.center = head_dim, variant, center
+        self.key_mean: torch.Tensor | None = None  # stored when centering: (B, H, d) fp16 mean of the prefill
         self.quantizers = [
             _make_quantizer(m, b, variant, rotation, seed + part, device) for part, (m, b) in enumerate(groups)
         ]
@@ -167,7 +187,11 @@ class TurboQuantEncoder(Encoder):
         self.templates: list[tq.QuantizedVectors | None] = [None] * len(groups)
 
     def prepare(self, prefill: torch.Tensor) -> None:
-        """Pick the outlier channels: top-k by L2 norm over the prefill tokens, per batch row and KV head."""
+        """Per batch row and KV head: the mean ``mu`` of the prefill tokens (when centering), then the outlier
+        channels: top-k by L2 norm over the (centered) prefill tokens."""
+        if self.center:
+            self.key_mean = prefill.mean(dim=2).to(torch.float16)
+            prefill = self._centered(prefill)
         if not self.outlier_channels:
             return
         channel_norms = prefill.pow(2).sum(dim=2)  # (B, H, d)
@@ -177,6 +201,9 @@ class TurboQuantEncoder(Encoder):
         self.permutation = torch.cat([outliers, rest], dim=-1)
         dtype = torch.uint8 if index_itemsize(self.head_dim) == 1 else torch.int16
         self.outlier_index = outliers.to(dtype)
+
+    def _centered(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.key_mean is None else x - self.key_mean.float().unsqueeze(2)
 
     def _split(self, x: torch.Tensor) -> list[torch.Tensor]:
         if not self.outlier_channels:
@@ -194,7 +221,7 @@ class TurboQuantEncoder(Encoder):
 
     def encode(self, x: torch.Tensor) -> Fields:
         fields: Fields = {}
-        for part, (quantizer, piece) in enumerate(zip(self.quantizers, self._split(x))):
+        for part, (quantizer, piece) in enumerate(zip(self.quantizers, self._split(self._centered(x)))):
             qv = quantizer.quantize(piece.contiguous())
             if self.templates[part] is None:
                 self.templates[part] = qv
@@ -218,10 +245,11 @@ class TurboQuantEncoder(Encoder):
             quantizer.dequantize(self.quantized_vectors(fields, part)).float()
             for part, quantizer in enumerate(self.quantizers)
         ]
-        return self._merge(pieces)
+        merged = self._merge(pieces)
+        return merged if self.key_mean is None else merged + self.key_mean.float().unsqueeze(2)
 
     def side_nbytes(self) -> int:
-        return 0 if self.outlier_index is None else self.outlier_index.numel() * self.outlier_index.element_size()
+        return tensor_nbytes(self.outlier_index, self.key_mean)
 
 
 class TurboQuantLayer(StreamLayer):
@@ -239,7 +267,8 @@ class TurboQuantLayer(StreamLayer):
         seed = config.seed + 1000 * self.layer_idx
         streams = {}
         for offset, (stream, variant) in enumerate((("key", config.key_variant), ("value", "mse"))):
-            encoder = TurboQuantEncoder(d, config.groups(d, stream), variant, config.rotation, seed + 10 * offset, self.device)
+            encoder = TurboQuantEncoder(d, config.groups(d, stream), variant, config.rotation, seed + 10 * offset,
+                                        self.device, center=stream == "key" and config.center_keys)
             streams[stream] = QuantizedStream(
                 encoder, config.residual_length, "block", self.fp_dtype, self.compute_dtype,
                 keep_workspace=self.keep_workspace, decode_fn=self.decode_fn,
@@ -257,7 +286,8 @@ def turboquant_nbytes_per_head(config: TurboQuantCacheConfig, d: int, n_q: int, 
     """The module docstring's byte formula for one quantized layer, batch row and KV head."""
     per_token = token_bytes(config.groups(d, "key"), config.key_variant) + token_bytes(config.groups(d, "value"), "mse")
     index_bytes = (1 + config.value_outliers) * config.outlier_channels * index_itemsize(d)
-    return n_q * per_token + 2 * 2 * d * n_r + index_bytes
+    center_bytes = NORM_BYTES * d if config.center_keys else 0
+    return n_q * per_token + 2 * 2 * d * n_r + index_bytes + center_bytes
 
 
 def boundary_layer_set(num_layers: int, boundary_layers: int) -> set[int]:
