@@ -309,7 +309,9 @@ def summary_markdown(df: pd.DataFrame) -> str:
 def markdown_table(frame: pd.DataFrame, float_format: str = "{:.3f}") -> str:
     """A GitHub Markdown table of ``frame`` (floats formatted with ``float_format``)."""
     def cell(value: Any) -> str:
-        return float_format.format(value) if isinstance(value, (float, np.floating)) else str(value)
+        if isinstance(value, (float, np.floating)):
+            return str(int(value)) if float(value).is_integer() and abs(value) >= 1 else float_format.format(value)
+        return str(value)
 
     header = [str(c) for c in frame.columns]
     rows = [[cell(v) for v in row] for row in frame.itertuples(index=False)]
