@@ -213,7 +213,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
     with figure_style():
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.9), squeeze=False)
+        fig, axes = plt.subplots(1, len(datasets), figsize=(5.4 * len(datasets), 4.6), squeeze=False)
         for ax, key in zip(axes[0], datasets):
             part = df[df["dataset_name"] == key]
             for (method, bits), curve in part.groupby(["method", "bits"], sort=False):
@@ -225,9 +225,9 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
             ax.set_ylabel("recall@1@k")
             ax.set_ylim(0, 1.02)
             info = provenance.get(key, {})
-            title = _shorten(info.get("description", key), 80)
+            title = _wrap(info.get("description", key), 70)
             if info.get("substitution"):
-                title += "\nsubstitutes: " + _shorten(info["substitution"], 90)
+                title += "\nsubstitutes: " + _wrap(info["substitution"], 75)
             ax.set_title(title, fontsize=7)
         axes[0][-1].legend(loc="lower right", fontsize=6)
         fig.suptitle("Recall@1@k, maximum inner-product search (paper Fig. 5, arXiv v1)", fontsize=9)
@@ -238,7 +238,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
     return [*paths, summary]
 
 
-def _shorten(text: str, width: int) -> str:
+def _wrap(text: str, width: int) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(text, width))
