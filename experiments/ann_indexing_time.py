@@ -189,6 +189,23 @@ def _label(method: str, rotation: str) -> str:
     return f"{label} ({rotation})" if rotation and isinstance(rotation, str) else label
 
 
+def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Build seconds of 100k-vector indexes on random unit vectors at the paper's dimensions (Table 2)."""
+    builds = df[(df["measure"] == "build") & (df["n_base"] == 100_000) & df["build_s"].notna()]
+    out = []
+    for method, label in (("turboquant_mse", "turboquant"), ("pq", "pq")):
+        for dim in (200, 1536, 3072):
+            rows = builds[(builds["method"] == method) & (builds["data"] == f"random_sphere_d{dim}")]
+            if method == "turboquant_mse":
+                rows = rows[rows["rotation"] == "haar"]
+            if len(rows):
+                row = rows.iloc[-1]
+                out.append({"id": f"ann_indexing_time.seconds.{label}.d{dim}", "value": float(row["build_s"]),
+                            "detail": f"{method} (haar), {int(row['faiss_threads'])} faiss / "
+                                      f"{int(row['torch_threads'])} torch threads, this run's machine"})
+    return out
+
+
 def table2_markdown(df: pd.DataFrame) -> str:
     """Our build times per (data, method) next to arXiv v1 Table 2 and the RaBitQ authors' re-timing."""
     builds = df[df["measure"] == "build"].copy()
