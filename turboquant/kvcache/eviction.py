@@ -54,8 +54,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from turboquant.kvcache.base import CompressedCache, CompressedLayer, tensor_nbytes
+from turboquant.kvcache.base import CompressedCache
 from turboquant.kvcache.factory import ModelShape, register_method
+from turboquant.kvcache.full import FullPrecisionLayer
 
 POOLINGS = ("maxpool", "avgpool")
 
@@ -129,8 +130,11 @@ def pyramid_selected_counts(average_selected: int, prefix_tokens: int, num_layer
 BudgetFn = Callable[[int, int], tuple[int, int]]  # (layer_idx, prompt tokens) -> (kept tokens, window)
 
 
-class EvictionLayer(CompressedLayer):
-    """Keeps the prompt tokens chosen by observation-window votes at the prefill, then appends new tokens."""
+class EvictionLayer(FullPrecisionLayer):
+    """Keeps the prompt tokens chosen by observation-window votes at the prefill, then appends new tokens.
+
+    Storage and byte accounting are :class:`FullPrecisionLayer`'s: only fewer tokens are written.
+    """
 
     needs_window_queries = True
 
@@ -145,20 +149,11 @@ class EvictionLayer(CompressedLayer):
         self.window_queries: torch.Tensor | None = None
         self.prompt_tokens = 0
 
-    def _initialize(self) -> None:
-        shape = (self.batch_size, self.num_heads, 0, self.head_dim)
-        self.keys = torch.empty(shape, dtype=self.fp_dtype, device=self.device)
-        self.values = torch.empty(shape, dtype=self.fp_dtype, device=self.device)
-
-    def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.keys.to(self.compute_dtype), self.values.to(self.compute_dtype)
-
     def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         if self.seen_tokens == 0:
             self.prompt_tokens = key_states.shape[2]
             key_states, value_states = self._evict_prompt(key_states, value_states)
-        self.keys = torch.cat([self.keys, key_states.to(self.fp_dtype)], dim=-2)
-        self.values = torch.cat([self.values, value_states.to(self.fp_dtype)], dim=-2)
+        super()._write(key_states, value_states)
 
     def _evict_prompt(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keep, window = self.budget_fn(self.layer_idx, keys.shape[2])
@@ -171,16 +166,6 @@ class EvictionLayer(CompressedLayer):
                 "`with turboquant.kvcache.attach(model, cache):`"
             )
         return snapkv_select(keys, values, window_queries, keep, window, self.kernel_size, self.pooling)
-
-    def stored_tokens(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[-2]
-
-    def nbytes(self) -> int:
-        return tensor_nbytes(self.keys, self.values) if self.is_initialized else 0
-
-    def expected_nbytes(self) -> int:
-        return self.fp_bytes(self.stored_tokens()) if self.is_initialized else 0
-
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     first, second = x.chunk(2, dim=-1)
