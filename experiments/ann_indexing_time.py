@@ -38,7 +38,6 @@ from tqdm import tqdm
 
 from experiments.ann_recall import (
     METHOD_LABELS,
-    AnnDataset,
     BuiltIndex,
     build_index,
     config_hash,
@@ -47,6 +46,7 @@ from experiments.ann_recall import (
     markdown_table,
     set_threads,
 )
+from experiments.data.embeddings import EmbeddingDataset
 from experiments.io import ResultStore, experiment_sizes
 from experiments.plotting import figure_style, save_figure
 from turboquant.ann import TurboQuantIndex, VectorIndex, recall_at_1_at_k
@@ -88,7 +88,7 @@ def _data_specs(cfg: Any) -> list[tuple[str, Any]]:
     return specs
 
 
-def _timed_builds(method: str, bits: int, data: AnnDataset, options: dict[str, Any], repeats: int,
+def _timed_builds(method: str, bits: int, data: EmbeddingDataset, options: dict[str, Any], repeats: int,
                   cheap_s: float) -> tuple[list[BuiltIndex], BuiltIndex]:
     """Warm up on a slice, then build ``repeats`` times (once if a build is slower than ``cheap_s``)."""
     build_index(method, data.dim, bits, data.base[: min(2048, len(data.base))], **options)  # warm-up

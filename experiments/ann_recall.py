@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from experiments.data.embeddings import EmbeddingDataset, load_embeddings
 from experiments.io import ResultStore, experiment_sizes
 from experiments.plotting import figure_style, save_figure
 from turboquant.ann import VectorIndex, make_index, powers_of_two_up_to, recall_at_1_at_k
@@ -56,32 +57,6 @@ _COLORS = {
 }
 
 
-@dataclass(frozen=True)
-class AnnDataset:
-    """Base vectors and queries of one dataset as searched here, and what they are."""
-
-    key: str
-    base: np.ndarray  # (n, d) float32
-    queries: np.ndarray  # (m, d) float32
-    description: str
-    substitution: str | None
-    source: dict[str, Any]
-
-    @property
-    def dim(self) -> int:
-        return int(self.base.shape[1])
-
-    def provenance(self) -> dict[str, Any]:
-        return {
-            "description": self.description,
-            "substitution": self.substitution,
-            "dim": self.dim,
-            "n_base": int(self.base.shape[0]),
-            "n_queries": int(self.queries.shape[0]),
-            "source": self.source,
-        }
-
-
 def set_threads(threads: int) -> dict[str, int]:
     """Use ``threads`` for faiss (OpenMP) and torch; return what each library reports afterwards."""
     if threads < 1:
@@ -98,17 +73,18 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
     return (x / norms).astype(np.float32)
 
 
-def load_ann_dataset(key: str, dataset_cfg: Any, n_base: int, n_queries: int, seed: int, normalize: bool) -> AnnDataset:
-    """Load a dataset-group config by ``experiments.data.load_embeddings``; optionally unit-normalise."""
-    from experiments.data.embeddings import load_embeddings
-
+def load_ann_dataset(key: str, dataset_cfg: Any, n_base: int, n_queries: int, seed: int,
+                     normalize: bool) -> EmbeddingDataset:
+    """Load a dataset-group config by ``experiments.data.load_embeddings`` under the name ``key``;
+    optionally unit-normalise its rows."""
     data = load_embeddings(dataset_cfg, n_base=n_base, n_queries=n_queries, seed=seed)
     base, queries = np.asarray(data.base, np.float32), np.asarray(data.queries, np.float32)
     description = data.description
     if normalize:
         base, queries = _unit_rows(base), _unit_rows(queries)
         description += " (rows normalised to unit norm)"
-    return AnnDataset(key, base, queries, description, data.substitution, dict(data.source or {}))
+    return replace(data, name=key, base=base, queries=queries, description=description,
+                   source=dict(data.source or {}))
 
 
 @dataclass(frozen=True)
@@ -144,7 +120,7 @@ def _method_options(method: str, cfg: Any) -> dict[str, Any]:
     return {}
 
 
-def exact_top1(data: AnnDataset) -> np.ndarray:
+def exact_top1(data: EmbeddingDataset) -> np.ndarray:
     """Ids of each query's true top-1 inner-product neighbour (faiss IndexFlatIP)."""
     exact = make_index("exact", data.dim)
     exact.add(data.base)

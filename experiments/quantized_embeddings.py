@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 import turboquant as tq
+from experiments.data.embeddings import dataset_provenance, load_embeddings
 from experiments.io import experiment_sizes
 
 __all__ = [
@@ -50,21 +51,11 @@ class UnitEmbeddings:
         return int(self.base.shape[1])
 
     def provenance(self) -> dict[str, Any]:
-        return {
-            "dataset": self.name,
-            "description": self.description,
-            "substitution": self.substitution,
-            "dim": self.dim,
-            "n_base": int(self.base.shape[0]),
-            "n_queries": int(self.queries.shape[0]),
-            "source": self.source,
-        }
+        return dataset_provenance(self)
 
 
 def load_dataset(dataset_cfg: Any, n_base: int, n_queries: int, seed: int) -> Any:
     """``n_base`` vectors and ``n_queries`` held-out queries of the configured set (experiments/data/)."""
-    from experiments.data.embeddings import load_embeddings
-
     return load_embeddings(dataset_cfg, n_base=n_base, n_queries=n_queries, seed=seed)
 
 

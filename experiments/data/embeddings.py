@@ -64,6 +64,23 @@ class EmbeddingDataset:
     def n_queries(self) -> int:
         return self.queries.shape[0]
 
+    def provenance(self) -> dict[str, Any]:
+        """What a run records about its data (see :func:`dataset_provenance`)."""
+        return dataset_provenance(self)
+
+
+def dataset_provenance(data: Any) -> dict[str, Any]:
+    """Name, description, substitution, sizes and source of a dataset-like object (numpy or torch rows)."""
+    return {
+        "dataset": data.name,
+        "description": data.description,
+        "substitution": data.substitution,
+        "dim": int(data.base.shape[1]),
+        "n_base": int(data.base.shape[0]),
+        "n_queries": int(data.queries.shape[0]),
+        "source": data.source,
+    }
+
 
 def load_embeddings(
     dataset_cfg: Mapping[str, Any],
