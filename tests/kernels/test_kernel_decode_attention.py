@@ -3,7 +3,10 @@ import pytest
 import torch
 
 import turboquant as tq
-from turboquant.kernels.decode_attention import decode_attention_reference, decode_attention_triton
+from turboquant.kernels.decode_attention import (
+    decode_attention_reference,
+    decode_attention_triton,
+)
 
 
 def make_case(batch, heads, kv_heads, tokens, dim, k_bits, v_bits, generator, device, q_dtype=torch.bfloat16):
@@ -15,10 +18,10 @@ def make_case(batch, heads, kv_heads, tokens, dim, k_bits, v_bits, generator, de
     k_codes, k_norms = cache(k_bits, 20.0)
     v_codes, v_norms = cache(v_bits, 3.0)
     q = torch.randn(batch, heads, dim, generator=generator).to(q_dtype).to(device)
-    common = dict(k_centroids=tq.lloyd_max_codebook(dim, k_bits).centroids_tensor(device),
-                  v_centroids=tq.lloyd_max_codebook(dim, v_bits).centroids_tensor(device),
-                  k_bits=k_bits, v_bits=v_bits,
-                  rotation=tq.make_rotation("haar", dim, seed=5).matrix().to(device))
+    common = {"k_centroids": tq.lloyd_max_codebook(dim, k_bits).centroids_tensor(device),
+                  "v_centroids": tq.lloyd_max_codebook(dim, v_bits).centroids_tensor(device),
+                  "k_bits": k_bits, "v_bits": v_bits,
+                  "rotation": tq.make_rotation("haar", dim, seed=5).matrix().to(device)}
     return (q, k_codes, k_norms, v_codes, v_norms), common
 
 
@@ -61,3 +64,16 @@ def test_bad_inputs_raise(device, generator):
         decode_attention_triton(*tensors, seq_lens.float(), **common)
     with pytest.raises(ValueError, match="bytes"):
         decode_attention_triton(*tensors, seq_lens, **{**common, "k_bits": 3})
+
+
+def test_log_sum_exp_matches_reference(device, generator):
+    """return_lse gives log sum_t exp(scale <q, k~_t>) per (row, head): what an exact merge with other tokens needs."""
+    from turboquant.kernels.decode_attention import dequantize_cache_reference
+
+    tensors, common = make_case(2, 8, 2, 70, 64, 4, 3, generator, device, q_dtype=torch.float32)
+    seq_lens = torch.tensor([70, 0], dtype=torch.int32, device=device)
+    out, lse = decode_attention_triton(*tensors, seq_lens, num_splits=3, block_n=16, return_lse=True, **common)
+    keys = dequantize_cache_reference(tensors[1], tensors[2], common["k_centroids"], 4, common["rotation"], 64)
+    logits = torch.einsum("hd,htd->ht", tensors[0][0].double(), keys[0].repeat_interleave(4, dim=0)) / 8.0
+    assert torch.allclose(lse[0].double(), torch.logsumexp(logits, dim=-1), atol=2e-3, rtol=0)
+    assert torch.isneginf(lse[1]).all() and torch.equal(out[1], torch.zeros_like(out[1]))

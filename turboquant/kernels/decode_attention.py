@@ -132,11 +132,13 @@ def _decode_split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    part_out_ptr, part_lse_ptr, rot_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr, rot_ptr, out_ptr, lse_ptr,
     n_heads, n_splits, dim,
-    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_J: tl.constexpr,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, stride_eb,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_J: tl.constexpr, WRITE_LSE: tl.constexpr,
 ):
+    """Merge the splits of (batch row, block of heads) by their log-sum-exp, rotate back with Pi_V^T; with
+    WRITE_LSE also store the natural log-sum-exp of the scaled logits over all splits (-inf for no tokens)."""
     b = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     head_mask = heads < n_heads
@@ -157,6 +159,9 @@ def _combine_kernel(
         o_rot += weight[:, None] * part
         total += weight
     o_rot = o_rot / tl.where(total > 0, total, 1.0)[:, None]
+    if WRITE_LSE:
+        lse2 = tl.where(total > 0, shift + tl.log2(tl.where(total > 0, total, 1.0)), float("-inf"))
+        tl.store(lse_ptr + b * stride_eb + heads, lse2 * 0.6931471805599453, mask=head_mask)
     for j0 in range(0, dim, BLOCK_J):
         j_offs = j0 + tl.arange(0, BLOCK_J)
         rot = tl.load(rot_ptr + d_offs[:, None] * dim + j_offs[None, :],
@@ -225,7 +230,8 @@ def decode_attention_triton(
     num_warps: int = 4,
     num_stages: int = 2,
     lookup: bool = True,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of one new query token per sequence over a packed cache: (batch, query_heads, head_dim).
 
     Args:
@@ -240,6 +246,9 @@ def decode_attention_triton(
         num_splits: KV splits per (row, KV head); default fills the GPU (``default_num_splits``).
         block_n, num_warps, num_stages: tokens per tile, warps per program, pipeline depth (tuning).
         lookup: False skips the centroid lookups and returns wrong values (benchmark attribution only).
+        return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
+            (batch, query_heads), ``-inf`` for a row without tokens: what an exact merge with attention over
+            other tokens needs (``o = sum_i exp(lse_i - lse) o_i``, ``lse = log sum_i exp(lse_i)``).
     """
     v_rotation = rotation if v_rotation is None else v_rotation
     _check(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_bits, v_bits, rotation, v_rotation)
@@ -280,16 +289,17 @@ def decode_attention_triton(
         LOOKUP=lookup, num_warps=num_warps, num_stages=num_stages,
     )
     out = torch.empty((batch, n_heads, dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, n_heads), dtype=torch.float32, device=q.device) if return_lse else part_lse
     combine_m = 16
     _combine_kernel[(batch, triton.cdiv(n_heads, combine_m))](
-        part_out, part_lse, v_rotation.to(device=q.device, dtype=torch.float32).contiguous(), out,
+        part_out, part_lse, v_rotation.to(device=q.device, dtype=torch.float32).contiguous(), out, lse,
         n_heads, num_splits, dim,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1),
-        BLOCK_M=combine_m, BLOCK_D=pow2_at_least(dim), BLOCK_J=32,
+        out.stride(0), out.stride(1), lse.stride(0),
+        BLOCK_M=combine_m, BLOCK_D=pow2_at_least(dim), BLOCK_J=32, WRITE_LSE=return_lse,
         num_warps=4,
     )
-    return out
+    return (out, lse) if return_lse else out
 
 
 def dequantize_cache_reference(codes: torch.Tensor, norms: torch.Tensor, centroids: torch.Tensor, bits: int,
@@ -310,7 +320,7 @@ def decode_attention_reference(
     """Float64 attention over the dequantized cache (rows masked past ``seq_lens``): (batch, heads, dim)."""
     v_rotation = rotation if v_rotation is None else v_rotation
     _check(q, k_codes, k_norms, v_codes, v_norms, seq_lens, k_bits, v_bits, rotation, v_rotation)
-    batch, n_heads, dim = q.shape
+    _batch, n_heads, dim = q.shape
     group = n_heads // k_codes.shape[1]
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     keys = dequantize_cache_reference(k_codes, k_norms, k_centroids, k_bits, rotation, dim)

@@ -1,0 +1,101 @@
+"""Fused decode attention (packed store read by the Triton kernel) against the workspace path.
+
+On the CPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set before the kernels are
+imported), so these tests exercise the same kernel code the GPU runs, at tiny sizes.
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+from tests.kvcache.tiny_llama import relative_error
+from turboquant.kvcache import build_cache
+from turboquant.kvcache.fused_attention import (
+    FusedTurboQuantLayer,
+    build_fused_turboquant_cache,
+    fused_decode,
+    fused_decode_unsupported,
+)
+from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig
+
+PROMPT = 70  # tokens prefilled; the kernel then reads them from the packed store
+STEPS = 3
+
+
+def greedy(model, ids, cache, fused: bool):
+    """Prefill ``ids`` then ``STEPS`` greedy decode steps; returns (logits of every decode step, tokens)."""
+    context = fused_decode(model, cache) if fused else torch.no_grad()
+    logits, tokens = [], []
+    with torch.no_grad(), context:
+        out = model(ids, cache=cache)
+        for _ in range(STEPS):
+            token = out.logits[:, -1:].argmax(-1)
+            tokens.append(token)
+            out = model(token, cache=cache)
+            logits.append(out.logits[:, -1].float())
+    return torch.stack(logits), torch.cat(tokens, dim=-1)
+
+
+@pytest.mark.parametrize("options", [
+    {"key_bits": 4, "value_bits": 4},                                       # every token quantized at once
+    {"key_bits": 3, "value_bits": 2, "residual_length": 16, "center_keys": True},  # 16-bit window + key mean restored
+])
+def test_fused_matches_workspace_path(tiny_model, prompt_ids, options):
+    ids = prompt_ids[:, :PROMPT]
+    reference = build_cache("turboquant", tiny_model.config, **options)
+    fused = build_fused_turboquant_cache(tiny_model.config, **options)
+    ref_logits, ref_tokens = greedy(tiny_model, ids, reference, fused=False)
+    calls = []
+    original = FusedTurboQuantLayer._packed_attention
+
+    def counting(self, *args):
+        calls.append(self.layer_idx)
+        return original(self, *args)
+
+    FusedTurboQuantLayer._packed_attention = counting
+    try:
+        got_logits, got_tokens = greedy(tiny_model, ids, fused, fused=True)
+    finally:
+        FusedTurboQuantLayer._packed_attention = original
+    assert len(calls) == STEPS * tiny_model.config.num_hidden_layers  # every decode step went through the kernel
+    assert torch.equal(got_tokens, ref_tokens)
+    assert relative_error(got_logits, ref_logits) < 5e-3  # fp16 operands in the kernel vs float32 workspace
+    assert fused.nbytes() == reference.nbytes() == fused.expected_nbytes()
+    assert all(layer.key_stream.workspace is None for layer in fused.layers)  # nothing materialised
+
+
+def test_padded_batch_takes_the_torch_path(tiny_model, prompt_ids):
+    """A left-padded row hides cached tokens: the step is answered by decode + sdpa, matching the workspace path."""
+    ids = torch.cat([prompt_ids[:, :40], prompt_ids[:, 100:140]])
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    outputs = []
+    for cache, fused in ((build_cache("turboquant", tiny_model.config), False),
+                         (build_fused_turboquant_cache(tiny_model.config), True)):
+        context = fused_decode(tiny_model, cache) if fused else torch.no_grad()
+        with torch.no_grad(), context:
+            tiny_model(ids, attention_mask=mask, cache=cache)
+            step_mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], dim=-1)
+            outputs.append(tiny_model(ids[:, -1:], attention_mask=step_mask, cache=cache).logits.float())
+    assert relative_error(outputs[1], outputs[0]) < 1e-5
+
+
+def test_unsupported_configurations_name_the_reason(tiny_model):
+    assert fused_decode_unsupported(TurboQuantCacheConfig()) is None
+    assert "QJL" in fused_decode_unsupported(TurboQuantCacheConfig(key_variant="prod"))
+    assert "outlier" in fused_decode_unsupported(TurboQuantCacheConfig(key_bits=3, outlier_channels=16))
+    assert "value_bits=6" in fused_decode_unsupported(TurboQuantCacheConfig(value_bits=6))
+    with pytest.raises(ValueError, match="outlier"):
+        build_fused_turboquant_cache(tiny_model.config, bits=3.5)
+
+
+def test_attention_implementation_is_restored(tiny_model):
+    before = tiny_model.config._attn_implementation
+    cache = build_fused_turboquant_cache(tiny_model.config)
+    with fused_decode(tiny_model, cache):
+        assert tiny_model.config._attn_implementation == "turboquant_fused"
+    assert tiny_model.config._attn_implementation == before

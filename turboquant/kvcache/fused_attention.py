@@ -1,0 +1,277 @@
+"""Decode attention that reads a TurboQuant KV cache's packed codes directly (the issue-5 "fast path").
+
+``TurboQuantLayer`` on its own materialises decoded keys and values (a 16-bit *workspace*) so that the
+model's stock attention can read them. Here, for decode steps (one new query token), attention reads the
+packed store instead, through the Triton flash-decoding kernel
+(:func:`turboquant.kernels.decode_attention_triton`), and the decoded workspace is never built.
+
+A decode step of a quantized layer attends over three parts of the sequence:
+
+1. the packed store (tokens ``0 .. n_q - 1``): the kernel returns ``o_p`` and ``lse_p = log sum_t exp(s_t)``
+   with ``s_t = scale * <q, k~_t>``, reading codes and norms only (values are accumulated in the rotated
+   domain and rotated back once, see the kernel's docstring);
+2. the 16-bit residual window of the cache (``residual_length``), and
+3. the new token itself, which attends to itself at full precision (as in every cache of this package).
+
+Parts 2 and 3 are a handful of tokens: plain torch attention gives ``o_e`` and ``lse_e``. The two partial
+results are merged exactly by their log-sum-exp,
+
+    o = (e^{lse_p - m} o_p + e^{lse_e - m} o_e) / (e^{lse_p - m} + e^{lse_e - m}),   m = max(lse_p, lse_e),
+
+which is softmax attention over the concatenation (flash-decoding's combine step).
+
+Key centering (``center_keys``). The store holds ``k~ - mu`` with ``mu`` the per-(row, KV head) prefill mean,
+and attention must see ``k~`` (the new token's key is exact): ``<q, k~ + mu> = <q, k~> + <q, mu>``. The shift
+``scale * <q, mu>`` is common to every packed token of a (row, query head), so ``o_p`` is unchanged and only
+``lse_p`` moves by it before the merge. Exact.
+
+What the kernel does not do, and the torch path used instead (decided once per cache, with the reason
+returned by :func:`fused_decode_unsupported`):
+
+- ``key_variant="prod"`` (QJL sign bits of the residual): the kernel scores MSE codes only;
+- an outlier channel split (the fractional-bit presets 2.5 / 3.5): each vector is two channel groups with
+  their own rotation, codebook, bit width and norm, in a per-(row, head) channel order; a logit is the sum
+  over both groups, so it cannot be assembled from two runs of a one-group kernel;
+- more than 4 bits (the kernels implement 1-4).
+
+At run time a decode step also takes the torch path (decode the packed store, then ``sdpa``) when the
+attention mask hides some cached token (left-padded batches: the kernel has no per-token mask) and for a
+multi-token forward over a non-empty cache (chunked prefill); the prefill itself uses ``sdpa``. Without
+Triton on the device (CPU without ``TRITON_INTERPRET=1``), a fused layer keeps the workspace and behaves
+exactly as ``TurboQuantLayer``.
+
+Usage (the model code is not forked: the attention function is registered with transformers'
+``AttentionInterface`` and the model's ``_attn_implementation`` is switched for the block)::
+
+    cache = build_fused_turboquant_cache(model.config, key_bits=4, value_bits=4)
+    with fused_decode(model, cache):
+        out = model.generate(**inputs, past_key_values=cache, max_new_tokens=32, do_sample=False)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from turboquant.kernels import triton_available
+from turboquant.kvcache.base import CompressedCache
+from turboquant.kvcache.factory import ModelShape
+from turboquant.kvcache.stream import Fields
+from turboquant.kvcache.turboquant_cache import (
+    TurboQuantCacheConfig,
+    TurboQuantLayer,
+    build_turboquant_cache,
+)
+
+__all__ = [
+    "FUSED_ATTENTION", "FusedTurboQuantLayer", "build_fused_turboquant_cache", "fused_decode",
+    "fused_decode_unsupported", "register_fused_attention",
+]
+
+#: Name of the attention function in transformers' AttentionInterface / AttentionMaskInterface.
+FUSED_ATTENTION = "turboquant_fused"
+KERNEL_BITS = (1, 2, 3, 4)
+
+_ACTIVE_CACHE: contextvars.ContextVar[CompressedCache | None] = contextvars.ContextVar("turboquant_fused_cache",
+                                                                                        default=None)
+
+
+def fused_decode_unsupported(config: TurboQuantCacheConfig) -> str | None:
+    """None when the decode kernel computes attention for this configuration exactly, else the reason."""
+    if config.key_variant != "mse":
+        return "key_variant='prod' stores QJL sign bits of the residual; the decode kernel scores MSE codes only"
+    if config.outlier_channels:
+        return ("an outlier channel split stores two channel groups per vector (own rotation, codebook, bits and "
+                "norm, per-head channel order); a logit sums both groups, the decode kernel reads one")
+    for name, bits in (("key_bits", config.key_bits), ("value_bits", config.value_bits)):
+        if bits not in KERNEL_BITS:
+            return f"{name}={bits}: the decode kernel implements {KERNEL_BITS[0]}-{KERNEL_BITS[-1]} bits"
+    return None
+
+
+@dataclass
+class DecodeStep:
+    """What one decode step of one layer attends over, captured before the new token was written."""
+
+    key_fields: Fields | None      # packed store, tokens 0 .. quantized - 1 (None when empty)
+    value_fields: Fields | None
+    quantized: int
+    exact_keys: torch.Tensor       # (B, kv_heads, r + 1, d): residual window + the new token, compute dtype
+    exact_values: torch.Tensor
+
+
+class FusedTurboQuantLayer(TurboQuantLayer):
+    """A :class:`TurboQuantLayer` whose decode steps are answered by the fused kernel (module docstring).
+
+    Storage and byte accounting are the parent's (the same packed fields, the same formula); there is no
+    decoded workspace when the kernel is available.
+    """
+
+    def __init__(self, layer_idx: int, config: TurboQuantCacheConfig, fp_dtype: torch.dtype | None = None) -> None:
+        reason = fused_decode_unsupported(config)
+        if reason is not None:
+            raise ValueError(f"fused decode attention cannot serve this TurboQuant configuration: {reason}")
+        super().__init__(layer_idx, config, fp_dtype, keep_workspace=False)
+        self.fused = False
+        self.defer_attention = False  # set by fused_decode() while the fused attention function is installed
+        self.pending: DecodeStep | None = None
+
+    def _initialize(self) -> None:
+        self.fused = triton_available(self.device)
+        self.keep_workspace = not self.fused
+        super()._initialize()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode steps under :func:`fused_decode`: write the token, return only the exact part (window + new
+        token) and leave the packed part to the attention function; anything else: the parent's update."""
+        self.pending = None
+        deferred = (self.is_initialized and self.fused and self.defer_attention and key_states.shape[-2] == 1
+                    and self.stored_tokens() > 0)
+        if not deferred:
+            return super().update(key_states, value_states, *args, **kwargs)
+        step = DecodeStep(self.key_stream.fields, self.value_stream.fields, self.key_stream.quantized_tokens,
+                          self._exact(self.key_stream.residual, key_states),
+                          self._exact(self.value_stream.residual, value_states))
+        self._write(key_states, value_states)
+        self.seen_tokens += 1
+        self.pending = step
+        return step.exact_keys, step.exact_values
+
+    def _exact(self, residual: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+        if residual is None or residual.shape[-2] == 0:
+            return new
+        return torch.cat([residual.to(new.dtype), new], dim=-2)
+
+    # ------------------------------------------------------------------ attention
+    def decode_step_attention(self, query: torch.Tensor, step: DecodeStep, scale: float) -> torch.Tensor:
+        """Attention output (B, query_heads, d) float32 of the one-token ``query`` (B, query_heads, 1, d)."""
+        q = query[:, :, 0].float()
+        out_e, lse_e = _torch_attention(q, step.exact_keys, step.exact_values, scale)
+        if step.quantized == 0:
+            return out_e
+        out_p, lse_p = self._packed_attention(q, step, scale)
+        top = torch.maximum(lse_p, lse_e)
+        w_p, w_e = torch.exp(lse_p - top), torch.exp(lse_e - top)
+        return (w_p[..., None] * out_p + w_e[..., None] * out_e) / (w_p + w_e)[..., None]
+
+    def _packed_attention(self, q: torch.Tensor, step: DecodeStep, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        from turboquant.kernels import decode_attention_triton
+
+        key_encoder, value_encoder = self.key_stream.encoder, self.value_stream.encoder
+        key_q, value_q = key_encoder.quantizers[0], value_encoder.quantizers[0]
+        batch = q.shape[0]
+        seq_lens = torch.full((batch,), step.quantized, dtype=torch.int32, device=q.device)
+        out, lse = decode_attention_triton(
+            q, step.key_fields["codes0"], step.key_fields["norms0"], step.value_fields["codes0"],
+            step.value_fields["norms0"], seq_lens,
+            k_centroids=key_q.codebook.centroids_tensor(q.device), v_centroids=value_q.codebook.centroids_tensor(q.device),
+            k_bits=key_q.bits, v_bits=value_q.bits, rotation=key_q.rotation.matrix(),
+            v_rotation=value_q.rotation.matrix(), scale=scale, return_lse=True,
+        )
+        if key_encoder.key_mean is not None:  # <q, k~ + mu> = <q, k~> + <q, mu>: shifts lse only
+            group = q.shape[1] // key_encoder.key_mean.shape[1]
+            mean = key_encoder.key_mean.float().repeat_interleave(group, dim=1)
+            lse = lse + scale * (q * mean).sum(-1)
+        return out, lse
+
+    def full_past(self, step: DecodeStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoded packed part + exact part (the torch path when the kernel cannot serve a step)."""
+        if step.quantized == 0:
+            return step.exact_keys, step.exact_values
+        keys = self.key_stream.encoder.decode(step.key_fields).to(step.exact_keys.dtype)
+        values = self.value_stream.encoder.decode(step.value_fields).to(step.exact_values.dtype)
+        return torch.cat([keys, step.exact_keys], dim=-2), torch.cat([values, step.exact_values], dim=-2)
+
+
+def _torch_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output (B, H, d) and natural log-sum-exp (B, H) of one query per head over a few exact tokens (GQA)."""
+    batch, heads, dim = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.view(batch, kv_heads, heads // kv_heads, dim)
+    logits = scale * torch.einsum("bkgd,bktd->bkgt", grouped, keys.float())
+    lse = torch.logsumexp(logits, dim=-1)
+    out = torch.einsum("bkgt,bktd->bkgd", torch.exp(logits - lse[..., None]), values.float())
+    return out.reshape(batch, heads, dim), lse.reshape(batch, heads)
+
+
+def _hides_tokens(attention_mask: torch.Tensor | None) -> bool:
+    """True when the mask excludes some key position (bool: False entries; additive float: negative entries)."""
+    if attention_mask is None:
+        return False
+    if attention_mask.dtype == torch.bool:
+        return not bool(attention_mask.all())
+    return bool((attention_mask < 0).any())
+
+
+def fused_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                            **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers attention function: the fused path for a pending decode step of the active cache's layer
+    ``module.layer_idx``, ``sdpa`` for everything else (prefill, full-precision layers, other caches)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cache = _ACTIVE_CACHE.get()
+    layer_idx = getattr(module, "layer_idx", None)
+    layer = cache.layers[layer_idx] if cache is not None and layer_idx is not None and layer_idx < len(cache.layers) else None
+    step = getattr(layer, "pending", None)
+    if step is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    layer.pending = None
+    if _hides_tokens(attention_mask):  # padded rows: the kernel has no per-token mask
+        keys, values = layer.full_past(step)
+        return sdpa_attention_forward(module, query, keys, values, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    out = layer.decode_step_attention(query, step, scale)
+    return out.to(query.dtype)[:, None], None  # (B, 1, heads, d), as the model's reshape expects
+
+
+def register_fused_attention() -> None:
+    """Register :func:`fused_attention_forward` (and sdpa's mask builder) under :data:`FUSED_ATTENTION`."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(FUSED_ATTENTION, fused_attention_forward)
+    AttentionMaskInterface.register(FUSED_ATTENTION, sdpa_mask)
+
+
+@contextlib.contextmanager
+def fused_decode(model: torch.nn.Module, cache: CompressedCache) -> Iterator[CompressedCache]:
+    """Within the block, ``model``'s attention reads ``cache``'s fused layers through the kernel (decode steps)."""
+    register_fused_attention()
+    fused_layers = [layer for layer in cache.layers if isinstance(layer, FusedTurboQuantLayer)]
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(FUSED_ATTENTION)
+    token = _ACTIVE_CACHE.set(cache)
+    for layer in fused_layers:
+        layer.defer_attention = True
+    try:
+        yield cache
+    finally:
+        for layer in fused_layers:
+            layer.defer_attention = False
+            layer.pending = None
+        _ACTIVE_CACHE.reset(token)
+        model.set_attn_implementation(previous)
+
+
+def build_fused_turboquant_cache(model_config: Any, **options: Any) -> CompressedCache:
+    """``build_cache("turboquant", model_config, **options)`` with every quantized layer a
+    :class:`FusedTurboQuantLayer`; a configuration the kernel cannot serve raises ``ValueError`` with the reason
+    (build the plain TurboQuant cache for it)."""
+    shape = model_config if isinstance(model_config, ModelShape) else ModelShape.from_config(model_config)
+    plain = build_turboquant_cache(shape, **options)
+    layers = [
+        FusedTurboQuantLayer(layer.layer_idx, layer.config, layer.requested_fp_dtype)
+        if isinstance(layer, TurboQuantLayer) else layer
+        for layer in plain.layers
+    ]
+    return CompressedCache(layers, method=plain.method, options={**plain.options, "fused_decode": True})
