@@ -120,6 +120,7 @@ class FusedTurboQuantLayer(TurboQuantLayer):
         self.fused = False
         self.defer_attention = False  # set by fused_decode() while the fused attention function is installed
         self.pending: DecodeStep | None = None
+        self._constants: dict[str, Any] | None = None
 
     def _initialize(self) -> None:
         self.fused = triton_available(self.device)
@@ -163,22 +164,30 @@ class FusedTurboQuantLayer(TurboQuantLayer):
     def _packed_attention(self, q: torch.Tensor, step: DecodeStep, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         from turboquant.kernels import decode_attention_triton
 
-        key_encoder, value_encoder = self.key_stream.encoder, self.value_stream.encoder
-        key_q, value_q = key_encoder.quantizers[0], value_encoder.quantizers[0]
-        batch = q.shape[0]
-        seq_lens = torch.full((batch,), step.quantized, dtype=torch.int32, device=q.device)
+        key_encoder = self.key_stream.encoder
+        seq_lens = torch.full((q.shape[0],), step.quantized, dtype=torch.int32, device=q.device)
         out, lse = decode_attention_triton(
             q, step.key_fields["codes0"], step.key_fields["norms0"], step.value_fields["codes0"],
-            step.value_fields["norms0"], seq_lens,
-            k_centroids=key_q.codebook.centroids_tensor(q.device), v_centroids=value_q.codebook.centroids_tensor(q.device),
-            k_bits=key_q.bits, v_bits=value_q.bits, rotation=key_q.rotation.matrix(),
-            v_rotation=value_q.rotation.matrix(), scale=scale, return_lse=True,
+            step.value_fields["norms0"], seq_lens, scale=scale, return_lse=True, **self._kernel_constants(q.device),
         )
         if key_encoder.key_mean is not None:  # <q, k~ + mu> = <q, k~> + <q, mu>: shifts lse only
             group = q.shape[1] // key_encoder.key_mean.shape[1]
             mean = key_encoder.key_mean.float().repeat_interleave(group, dim=1)
             lse = lse + scale * (q * mean).sum(-1)
         return out, lse
+
+    def _kernel_constants(self, device: torch.device) -> dict[str, Any]:
+        """Codebooks (fp16, as the kernel reads them), bit widths and dense rotations, built once per layer."""
+        if self._constants is None:
+            key_q, value_q = self.key_stream.encoder.quantizers[0], self.value_stream.encoder.quantizers[0]
+            self._constants = {
+                "k_centroids": key_q.codebook.centroids_tensor(device, torch.float16),
+                "v_centroids": value_q.codebook.centroids_tensor(device, torch.float16),
+                "k_bits": key_q.bits, "v_bits": value_q.bits,
+                "rotation": key_q.rotation.matrix().to(device, torch.float32).contiguous(),
+                "v_rotation": value_q.rotation.matrix().to(device, torch.float32).contiguous(),
+            }
+        return self._constants
 
     def full_past(self, step: DecodeStep) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoded packed part + exact part (the torch path when the kernel cannot serve a step)."""
