@@ -7,11 +7,13 @@ accounting is returned with the text so every row records the memory it really u
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import pandas as pd
 import torch
 
 from experiments.io import config_to_dict
@@ -32,15 +34,67 @@ class Generation:
     compression_ratio: float
 
 
-def kv_methods(cfg: Any) -> dict[str, dict[str, Any]]:
-    """``experiment.methods`` as plain dicts (configs/method/), each naming its ``cache`` method."""
+@dataclass(frozen=True)
+class KVMethod:
+    """One configured KV-cache method (a ``configs/method/`` file under ``experiment.methods.<key>``).
+
+    ``cache`` and ``options`` are what is computed (the arguments of :func:`turboquant.kvcache.build_cache`);
+    ``label`` is for tables and figures; ``paper_method`` is the paper row the method stands for in *this*
+    experiment (``experiment.paper_methods``, empty when none): the same cache can stand for different rows
+    in different experiments, so the mapping lives in the experiment config, not in the method file.
+    """
+
+    key: str
+    label: str
+    cache: str
+    options: dict[str, Any]
+    paper_method: str = ""
+
+    @property
+    def randomized(self) -> bool:
+        """Whether the cache draws random state (a rotation, a QJL matrix) from ``options["seed"]``."""
+        return "seed" in self.options
+
+    def with_seed(self, seed: int) -> "KVMethod":
+        """The same method with its random state drawn from ``seed`` (only for randomized methods)."""
+        if not self.randomized:
+            raise ValueError(f"method {self.key!r} has no random state (no 'seed' option)")
+        return replace(self, options={**self.options, "seed": int(seed)})
+
+    def identity(self) -> str:
+        """What a stored result depends on: the cache and its options (labels and paper rows excluded)."""
+        return json.dumps({"cache": self.cache, "options": self.options}, sort_keys=True)
+
+
+def kv_methods(cfg: Any) -> dict[str, KVMethod]:
+    """``experiment.methods`` (configs/method/) as :class:`KVMethod`, with ``experiment.paper_methods``."""
     methods = config_to_dict(cfg.experiment.methods)
     if not methods:
         raise ValueError("experiment.methods is empty")
-    for name, method in methods.items():
+    paper_methods = config_to_dict(cfg.experiment.get("paper_methods") or {})
+    out = {}
+    for key, method in methods.items():
         if "cache" not in method:
-            raise ValueError(f"method {name!r} lacks 'cache' (the turboquant.kvcache method name)")
-    return methods
+            raise ValueError(f"method {key!r} lacks 'cache' (the turboquant.kvcache method name)")
+        out[key] = KVMethod(
+            key=key,
+            label=str(method.get("label", key)),
+            cache=str(method["cache"]),
+            options=dict(method.get("options") or {}),
+            paper_method=str(paper_methods.get(key) or ""),
+        )
+    return out
+
+
+def with_current_labels(frame: pd.DataFrame, methods: Mapping[str, KVMethod]) -> pd.DataFrame:
+    """Stored rows with ``method_label`` and ``paper_method`` from the current config: neither is part of a
+    result's identity (:meth:`KVMethod.identity`), so relabelling never needs a re-run."""
+    if frame.empty:
+        return frame
+    frame = frame.copy()
+    frame["method_label"] = frame["method"].map(lambda k: methods[k].label if k in methods else k)
+    frame["paper_method"] = frame["method"].map(lambda k: methods[k].paper_method if k in methods else "")
+    return frame
 
 
 @torch.inference_mode()

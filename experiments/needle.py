@@ -18,14 +18,16 @@ Protocol (Kamradt's test as used by Fu et al. 2024 and the KV-cache papers):
    earns nothing. The score is a pure function of the stored answer, so :func:`run` re-scores stored
    cells whenever the scorer changes, without running the model again.
 
-One unit of the :class:`~experiments.io.ResultStore` is one ``(method, context, depth)`` cell, so a
-killed run resumes cell by cell. Every method runs at the same memory budget (``experiment.memory_ratio``,
+One unit of the :class:`~experiments.io.ResultStore` is one ``(method, options, context, depth)`` cell, so
+a killed run resumes cell by cell. Methods that draw random state (TurboQuant's rotation, PolarQuant's)
+run once per seed in ``experiment.method_seeds``; their scores are averaged over seeds and the spread
+across seeds is reported (one rotation is one draw of the quantizer, and on a small model the score
+depends on the draw). Every method runs at the same memory budget (``experiment.memory_ratio``,
 25% of the 16-bit cache as in the paper); each cell records the cache's measured bytes and ratio.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import textwrap
@@ -42,7 +44,7 @@ from tqdm.auto import tqdm
 
 from experiments.data.haystack import load_haystack
 from experiments.io import STORE_COLUMNS, ResultStore, config_to_dict, experiment_sizes
-from experiments.kv_generation import generate_with_cache, kv_methods
+from experiments.kv_generation import KVMethod, generate_with_cache, kv_methods, with_current_labels
 from experiments.models import LoadedModel, load_model, model_spec_from_config
 from experiments.plotting import figure_style, figure_title, save_figure
 
@@ -243,10 +245,6 @@ class PromptBuilder:
 
 
 # --------------------------------------------------------------------------- one cell
-def _method_label(method: dict[str, Any], name: str) -> str:
-    return str(method.get("label", name))
-
-
 def run_cell(
     loaded: LoadedModel, prompt: NeedlePrompt, cache_method: str, options: dict[str, Any], max_new_tokens: int
 ) -> dict[str, Any]:
@@ -304,18 +302,34 @@ def _describe(loaded: LoadedModel, haystack_source: dict[str, Any]) -> dict[str,
     }
 
 
+def _method_seeds(cfg: Any) -> list[int]:
+    """``experiment.method_seeds``: the random states each randomized method is run with (default: ``[seed]``)."""
+    seeds = cfg.experiment.get("method_seeds")
+    seeds = [int(cfg.seed)] if seeds is None else [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"experiment.method_seeds must be distinct integers, got {seeds}")
+    return seeds
+
+
+def method_runs(methods: dict[str, KVMethod], seeds: list[int]) -> list[tuple[KVMethod, int | None]]:
+    """Each method once per seed if it draws random state (rotations, QJL), else once (seed ``None``)."""
+    return [(m.with_seed(s), s) if m.randomized else (m, None)
+            for m in methods.values() for s in (seeds if m.randomized else seeds[:1])]
+
+
 def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
-    """Every (method, context, depth) cell not yet in ``store``; writes the summary table; the frame."""
+    """Every (method, seed, context, depth) cell not yet in ``store``; writes the summary table; the frame."""
     spec = model_spec_from_config(cfg.model)
     max_new_tokens = int(cfg.experiment.generation.max_new_tokens)
     contexts, depths = _grid(cfg, spec.max_context, max_new_tokens)
     methods = kv_methods(cfg)
+    runs = method_runs(methods, _method_seeds(cfg))
     task = _task(cfg)
     # context-major: a run stopped early leaves complete grids at the shorter contexts for every method
-    cells = [(name, c, d) for c in contexts for name in methods for d in depths]
+    cells = [(method, seed, c, d) for c in contexts for method, seed in runs for d in depths]
     units = [
-        {"method": name, "method_options": json.dumps(methods[name], sort_keys=True), "context": c, "depth": d}
-        for name, c, d in cells
+        {"method": method.key, "method_options": method.identity(), "context": c, "depth": d}
+        for method, _, c, d in cells
     ]
     todo = [(cell, unit) for cell, unit in zip(cells, units) if not store.is_done(unit)]
     if todo:
@@ -325,15 +339,15 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         store.record_provenance(**_describe(loaded, haystack.source))
         builder = PromptBuilder(loaded.tokenizer, haystack.text, task)
         prompts: dict[tuple[int, float], NeedlePrompt] = {}
-        for (name, context, depth), unit in tqdm(todo, desc="needle cells", unit="cell"):
+        for (method, seed, context, depth), unit in tqdm(todo, desc="needle cells", unit="cell"):
             if (context, depth) not in prompts:
                 prompts[(context, depth)] = builder.build(context, depth)
             prompt = prompts[(context, depth)]
-            method = methods[name]
-            result = run_cell(loaded, prompt, method["cache"], dict(method.get("options") or {}), max_new_tokens)
+            result = run_cell(loaded, prompt, method.cache, method.options, max_new_tokens)
             row = {
-                "method_label": _method_label(method, name),
-                "paper_method": method.get("paper_method") or "",
+                "method_label": method.label,
+                "paper_method": method.paper_method,
+                "method_seed": seed,
                 "haystack": cfg.experiment.haystack,
                 "model": spec.name,
                 "model_label": loaded.label,
@@ -349,7 +363,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         tqdm.write("needle: re-scored stored answers with the current scorer")
     # the cells of this run's grid and methods: paper_comparison keeps only these rows of the config
     store.record_provenance(unit_ids=[store.unit_id(unit) for unit in units])
-    frame = store.frame(units)
+    frame = with_current_labels(store.frame(units), methods)
     if not frame.empty:
         _write_summary(frame, store.directory, list(methods))
     return frame
@@ -377,20 +391,36 @@ def _method_order(df: pd.DataFrame, order: list[str] | None) -> list[str]:
     return [m for m in order if m in present] + [m for m in present if m not in order] if order else present
 
 
+def seed_spread(rows: pd.DataFrame) -> tuple[int, float]:
+    """``(seeds, standard error)`` of a method's mean score over its seeds: the std of the per-seed means
+    over sqrt(seeds) (NaN with one seed; the cells are shared by all seeds, so this is the spread due to
+    the quantizer's random draw alone)."""
+    per_seed = rows.groupby(rows["method_seed"].fillna(-1), sort=False)["score"].mean()
+    n = len(per_seed)
+    return n, float(per_seed.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+
+
 def summary_table(df: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
-    """Mean score and measured cache size per method (in ``order``, default first appearance)."""
+    """Mean score (over cells and seeds) and measured cache size per method (in ``order``, default first
+    appearance), with the number of seeds and the standard error over seeds."""
     if df.empty:
         raise ValueError("no needle rows to summarise")
+    if "method_seed" not in df:
+        df = df.assign(method_seed=np.nan)
     order = _method_order(df, order)
     grouped = df.groupby("method", sort=False)
+    spread = [seed_spread(grouped.get_group(m)) for m in order]
     table = pd.DataFrame(
         {
             "method": order,
             "label": [grouped.get_group(m)["method_label"].iloc[0] for m in order],
             "mean_score": [grouped.get_group(m)["score"].mean() for m in order],
+            "seeds": [n for n, _ in spread],
+            "score_se_over_seeds": [se for _, se in spread],
             "cells": [len(grouped.get_group(m)) for m in order],
             "bits_per_value": [grouped.get_group(m)["bits_per_value"].mean() for m in order],
             "memory_ratio": [grouped.get_group(m)["memory_ratio"].mean() for m in order],
+            "max_memory_ratio": [grouped.get_group(m)["memory_ratio"].max() for m in order],
             "compression_ratio": [grouped.get_group(m)["compression_ratio"].mean() for m in order],
             "seconds_per_cell": [grouped.get_group(m)["seconds"].mean() for m in order],
         }
@@ -423,14 +453,17 @@ def _write_summary(df: pd.DataFrame, directory: Path, order: list[str]) -> list[
         f"contexts {', '.join(str(int(c)) for c in contexts)} tokens x {df['depth'].nunique()} depths; "
         "score = ROUGE-1 recall of the needle's answer words (experiments/needle.py).",
         "",
-        "| method | mean score | cells | bits/value | memory ratio | compression | s/cell | paper (arXiv v1, Llama-3.1-8B) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | mean score | ± SE over seeds | seeds | cells | bits/value | memory ratio (max) | compression "
+        "| s/cell | paper (arXiv v1, Llama-3.1-8B) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table.itertuples():
         paper = "" if math.isnan(row.paper_score_arxiv_v1) else f"{row.paper_score_arxiv_v1:.3f}"
+        se = "" if math.isnan(row.score_se_over_seeds) else f"{row.score_se_over_seeds:.3f}"
         lines.append(
-            f"| {row.label} | {row.mean_score:.3f} | {row.cells} | {row.bits_per_value:.2f} | "
-            f"{row.memory_ratio:.3f} | {row.compression_ratio:.2f}x | {row.seconds_per_cell:.1f} | {paper} |"
+            f"| {row.label} | {row.mean_score:.3f} | {se} | {row.seeds} | {row.cells} | {row.bits_per_value:.2f} | "
+            f"{row.memory_ratio:.3f} ({row.max_memory_ratio:.3f}) | {row.compression_ratio:.2f}x | "
+            f"{row.seconds_per_cell:.1f} | {paper} |"
         )
     md_path.write_text("\n".join(lines) + "\n")
     return [csv_path, md_path]
@@ -502,7 +535,9 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
                         ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6)
             label = rows["method_label"].iloc[0]
             bits, ratio = rows["bits_per_value"].mean(), rows["memory_ratio"].mean()
-            ax.set_title(f"{textwrap.fill(label, 34)}\nmean score {rows['score'].mean():.3f} · {bits:.2f} bits ({100 * ratio:.1f}%)")
+            seeds, se = seed_spread(rows.assign(method_seed=rows.get("method_seed", np.nan)))
+            score = f"{rows['score'].mean():.3f}" + (f" ± {se:.3f} ({seeds} seeds)" if seeds > 1 else "")
+            ax.set_title(f"{textwrap.fill(label, 34)}\nmean {score} · {bits:.2f} bits ({100 * ratio:.1f}%)")
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("needle depth")
         for ax in list(axes.flat)[len(methods) :]:

@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from experiments.io import ResultStore, config_to_dict, experiment_sizes
-from experiments.kv_generation import generate_with_cache, kv_methods
+from experiments.kv_generation import generate_with_cache, kv_methods, with_current_labels
 from experiments.longbench.data import DataSpec, data_spec_from_config, describe_data, load_samples
 from experiments.longbench.metrics import DATASET_METRIC, FIRST_LINE_DATASETS, LENGTH_BUCKETS, length_bucket, score_sample
 from experiments.longbench.prompts import DATASETS, DatasetSpec, dataset_spec, format_prompt, truncate_middle
@@ -165,7 +165,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         for name, method in methods.items():
             unit = {
                 "method": name,
-                "method_options": json.dumps(method, sort_keys=True),
+                "method_options": method.identity(),
                 "task": sample.dataset,
                 "sample_id": sample.sample_id,
                 "context_budget": context_tokens[index % len(context_tokens)] if data.is_substitute else 0,
@@ -181,10 +181,10 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         method = methods[name]
         input_ids, truncated = build_input_ids(loaded.tokenizer, spec, sample, max_length)
         max_new = min(spec.max_new_tokens, int(cap)) if cap else spec.max_new_tokens
-        result = generate(loaded, input_ids, spec, max_new, method["cache"], method.get("options") or {})
+        result = generate(loaded, input_ids, spec, max_new, method.cache, method.options)
         row = {
-            "method_label": str(method.get("label", name)),
-            "paper_method": str(method.get("paper_method") or ""),
+            "method_label": method.label,
+            "paper_method": method.paper_method,
             "category": CATEGORY_OF[sample.dataset],
             "metric": DATASET_METRIC[sample.dataset],
             "data": data.display_name,
@@ -202,7 +202,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         }
         store.save_unit(unit, [row])
 
-    frame = store.frame(all_units)
+    frame = with_current_labels(store.frame(all_units), methods)
     if not frame.empty:
         write_tables(frame, store.directory)
     return frame
@@ -249,7 +249,8 @@ def agreement_with(df: pd.DataFrame, reference: str) -> pd.DataFrame:
     ref = df[df["method"] == reference].set_index(keys)[["prediction", "score"]]
     rows = {}
     for method, group in df.groupby("method", sort=False):
-        paired = group.set_index(keys)[["prediction", "score"]].join(ref, rsuffix="_ref", how="inner")
+        paired = group.set_index(keys)[["prediction", "score"]].merge(
+            ref, left_index=True, right_index=True, how="inner", suffixes=("", "_ref"))
         diff = (paired["score"] - paired["score_ref"]) * 100
         per_task = diff.groupby(level="task").agg(["var", "count"])
         n_tasks = per_task.shape[0]

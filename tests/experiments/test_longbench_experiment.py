@@ -62,9 +62,9 @@ def cfg():
         "experiment.sizes.quick.max_new_tokens_cap=3",
         "~experiment.methods.kivi_3bit",
         "~experiment.methods.kivi_5bit",
-        "~experiment.methods.polarquant_3p9bit",
-        "~experiment.methods.turboquant_2p5bit",
-        "experiment.methods.turboquant_3p5bit.options.residual_length=0",  # fixture prompts < 128 tokens
+        "~experiment.methods.polarquant",
+        "~experiment.methods.turboquant_2p5_window",
+        "experiment.methods.turboquant_3p5_window.options.residual_length=0",  # fixture prompts < 128 tokens
     ]
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         return compose("config", overrides=overrides)
@@ -76,12 +76,12 @@ def test_longbench_runs_resumes_and_tabulates(cfg, tmp_path, monkeypatch):
     store = ResultStore(tmp_path, "longbench", cfg, result_keys=lb.RESULT_KEYS)
     frame = lb.run(cfg, store)
     assert len(frame) == 2 * len(DATASETS)
-    assert set(frame["method"]) == {"full", "turboquant_3p5bit"}
+    assert set(frame["method"]) == {"full", "turboquant_3p5_window"}
     assert frame["score"].between(0, 1).all() and (frame["new_tokens"] <= 3).all()
-    assert frame.loc[frame["method"] == "turboquant_3p5bit", "memory_ratio"].lt(1).all()
+    assert frame.loc[frame["method"] == "turboquant_3p5_window", "memory_ratio"].lt(1).all()
 
     tables = lb.tables(frame)
-    assert list(tables["table"].index) == ["full", "turboquant_3p5bit"]
+    assert list(tables["table"].index) == ["full", "turboquant_3p5_window"]
     assert tables["table"].loc["full", "delta_vs_full"] == 0
     expected = frame[frame["method"] == "full"].groupby("task")["score"].mean().mean() * 100
     assert tables["table"].loc["full", "Average"] == pytest.approx(expected)
@@ -90,7 +90,7 @@ def test_longbench_runs_resumes_and_tabulates(cfg, tmp_path, monkeypatch):
 
     comparison = {row["id"]: row["value"] for row in lb.paper_comparison(frame)}
     assert comparison["longbench.avg_delta.turboquant_3.5"] == pytest.approx(
-        tables["table"].loc["turboquant_3p5bit", "Average"] - tables["table"].loc["full", "Average"]
+        tables["table"].loc["turboquant_3p5_window", "Average"] - tables["table"].loc["full", "Average"]
     )
     assert "longbench.average.turboquant_3.5" in comparison  # real-format data: absolute rows too
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from omegaconf import OmegaConf
 from experiments import needle
 from experiments.data.haystack import Haystack, load_haystack
 from experiments.io import ResultStore
+from experiments.kv_generation import KVMethod
 from experiments.needle import (
     NeedleTask,
     PromptBuilder,
@@ -135,12 +137,15 @@ def _cfg(model_dir: Path, results: Path):
                 "task": OmegaConf.to_container(TASK_CFG),
                 "generation": {"max_new_tokens": 4},
                 "methods": {
-                    "full": {"name": "full", "label": "Full cache", "cache": "full", "paper_method": "full", "options": {}},
+                    "full": {"name": "full", "label": "Full cache", "cache": "full", "options": {}},
                     "snapkv": {
-                        "name": "snapkv", "label": "SnapKV", "cache": "snapkv", "paper_method": "snapkv",
+                        "name": "snapkv", "label": "SnapKV", "cache": "snapkv",
                         "options": {"memory_ratio": 0.25, "window_size": 8},
                     },
+                    "tq": {"name": "tq", "label": "TurboQuant 4-bit", "cache": "turboquant", "options": {"bits": 4, "seed": 0}},
                 },
+                "paper_methods": {"full": "full", "snapkv": "snapkv"},
+                "method_seeds": [0, 1],
                 "sizes": {"quick": {"contexts": [400, 600], "depths": [0.0, 1.0]}},
             },
             "model": {"name": "tiny", "display_name": "tiny random Llama", "pretrained": str(model_dir), "dtype": "float32"},
@@ -158,8 +163,10 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
     cfg = _cfg(tiny_model_dir, tmp_path)
     store = ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS)
     df = needle.run(cfg, store)
-    assert len(df) == 2 * 2 * 2
-    assert set(df["method"]) == {"full", "snapkv"} and set(df["context"]) == {400, 600}
+    assert len(df) == 2 * 2 * (1 + 1 + 2), "the randomized method (a rotation) runs once per method seed"
+    assert set(df["method"]) == {"full", "snapkv", "tq"} and set(df["context"]) == {400, 600}
+    assert sorted(df.loc[df["method"] == "tq", "method_seed"].unique()) == [0, 1]
+    assert df.loc[df["method"] != "tq", "method_seed"].isna().all()
     assert (df["prompt_tokens"] <= df["context"]).all()
     assert df["score"].between(0, 1).all()
     full = df[df["method"] == "full"]
@@ -168,8 +175,10 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
     assert (snap["memory_ratio"] < 0.5).all(), "SnapKV keeps a fraction of the prompt"
     assert (store.directory / "summary_tiny.csv").exists() and (store.directory / "summary_tiny.md").exists()
     summary = pd.read_csv(store.directory / "summary_tiny.csv")
-    assert list(summary["method"]) == ["full", "snapkv"]
+    assert list(summary["method"]) == ["full", "snapkv", "tq"]
+    assert list(summary["seeds"]) == [1, 1, 2]
     assert summary.loc[0, "paper_score_arxiv_v1"] == pytest.approx(0.997)
+    assert summary["paper_method"].fillna("").tolist() == ["full", "snapkv", ""]
 
     # a second run computes nothing: every cell is already stored
     def refuse(*args, **kwargs):
@@ -218,3 +227,26 @@ def test_context_beyond_the_model_window_is_rejected(tiny_model_dir: Path, tmp_p
     cfg.model.max_context = 602  # 600-token prompts + 4 answer tokens do not fit
     with pytest.raises(ValueError, match="exceeds the model"):
         needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
+
+
+def test_method_runs_repeat_only_randomized_methods() -> None:
+    methods = {
+        "full": KVMethod("full", "Full", "full", {}),
+        "tq": KVMethod("tq", "TQ", "turboquant", {"bits": 3.5, "seed": 0}, paper_method="turboquant"),
+    }
+    runs = needle.method_runs(methods, [3, 4])
+    assert [(m.key, s) for m, s in runs] == [("full", None), ("tq", 3), ("tq", 4)]
+    assert [m.options.get("seed") for m, _ in runs] == [None, 3, 4]
+    assert runs[1][0].identity() != runs[2][0].identity(), "each seed is its own stored result"
+    relabelled = replace(methods["tq"], label="renamed", paper_method="")
+    assert relabelled.identity() == methods["tq"].identity(), "labels are not part of a result's identity"
+    with pytest.raises(ValueError, match="no random state"):
+        methods["full"].with_seed(1)
+
+
+def test_seed_spread_is_the_standard_error_of_per_seed_means() -> None:
+    rows = pd.DataFrame({"method_seed": [0, 0, 1, 1, 2, 2], "score": [1.0, 1.0, 0.5, 0.5, 0.0, 1.0]})
+    n, se = needle.seed_spread(rows)
+    assert n == 3 and se == pytest.approx(np.std([1.0, 0.5, 0.5], ddof=1) / np.sqrt(3))
+    n1, se1 = needle.seed_spread(pd.DataFrame({"method_seed": [np.nan, np.nan], "score": [1.0, 0.0]}))
+    assert n1 == 1 and np.isnan(se1)
