@@ -415,28 +415,56 @@ def fill_cache(cache: Any, model: torch.nn.Module, batch: int, context: int, dev
         cache.update(keys, torch.randn(keys.shape, device=device, dtype=dtype, generator=gen), layer)
 
 
-def decode_step(model: torch.nn.Module, token: torch.Tensor, cache: Any, fused: bool = False) -> torch.Tensor:
-    """Logits (float32) of one decode step of ``token`` (B, 1) through ``cache`` (fused attention if asked)."""
+def decode_step(model: torch.nn.Module, token: torch.Tensor, cache: Any, fused: bool = False,
+                any_sdpa_backend: bool = False) -> torch.Tensor:
+    """Logits (float32) of one decode step of ``token`` (B, 1) through ``cache`` (fused attention if asked).
+
+    sdpa runs without its cuDNN backend unless ``any_sdpa_backend``: cuDNN builds a new execution plan for
+    every new key length (about 11 ms per call on the H200 here, measured with torch.profiler), i.e. at every
+    generated token, which would swamp what is compared.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     from turboquant.kvcache.fused_attention import fused_decode
 
+    backends = contextlib.nullcontext() if any_sdpa_backend else sdpa_kernel(
+        [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
     context = fused_decode(model, cache) if fused else contextlib.nullcontext()
-    with torch.no_grad(), context:
+    with torch.no_grad(), backends, context:
         return model(token, past_key_values=cache).logits[:, -1].float()
+
+
+def gpu_busy_us(fn: Callable[[], Any], calls: int = 3) -> float:
+    """Device time per call (µs): the kernels' summed self time under ``torch.profiler``, host gaps excluded;
+    what the same work costs once launches are free (CUDA graphs, a static cache). NaN off CUDA."""
+    if not torch.cuda.is_available():
+        return float("nan")
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    total = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) for e in events)
+    return total / calls
 
 
 def bench_decode_step(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Row]:
     """One greedy decode step of the whole model per cache: fused kernel vs workspace + sdpa vs 16-bit cache.
 
     Each variant names TurboQuant cache options; every variant's fused step is checked against its workspace
-    step (same packed store) before timing. The time includes the cache update (quantizing the new token and
-    appending it to the packed fields, which ``QuantizedStream`` does by concatenation) and the weights.
+    step (same packed store) before timing. Two times per configuration: ``wall`` (do_bench: events around
+    the step, which equal wall time when the host is the bottleneck, as at these sizes in eager mode) and
+    ``GPU busy`` (:func:`gpu_busy_us`). Both include the cache update (quantizing the new token and appending
+    it, which ``DynamicCache`` and ``QuantizedStream`` do by concatenation) and reading the weights.
     """
     import transformers
 
     from turboquant.kvcache import build_cache
-    from turboquant.kvcache.fused_attention import (
-        build_fused_turboquant_cache,
-    )
+    from turboquant.kvcache.fused_attention import build_fused_turboquant_cache
 
     model = decode_step_model(sizes, bench.device)
     rows, device = [], bench.device
@@ -447,10 +475,17 @@ def bench_decode_step(bench: Bench, sizes: Any, variants: dict[str, dict]) -> li
         step = partial(decode_step, model, token)
         full = transformers.DynamicCache()
         fill_cache(full, model, bsz, ctx, device)
-        t_full = bench.timer(partial(step, full))
-        full_bytes = 2 * bsz * HEADS_KV * ctx * HEAD_DIM * 2 * model.config.num_hidden_layers
-        rows.append(Row("decode_step", "full 16-bit cache (DynamicCache + sdpa)", size, t_full, full_bytes + weights,
-                        bench.floor_us(full_bytes + weights), "full 16-bit cache", t_full, "bytes: K/V + weights"))
+        full_bytes = 2 * bsz * HEADS_KV * ctx * HEAD_DIM * 2 * model.config.num_hidden_layers + weights
+        t_full, busy_full = bench.timer(partial(step, full)), gpu_busy_us(partial(step, full))
+        t_cudnn = bench.timer(partial(step, full, any_sdpa_backend=True))
+        base = "full 16-bit, wall"
+        for label, t, baseline, t_base in (
+            ("full 16-bit cache (DynamicCache + sdpa), wall", t_full, base, t_full),
+            ("full 16-bit cache (DynamicCache + sdpa incl. cuDNN), wall", t_cudnn, base, t_full),
+            ("full 16-bit cache (DynamicCache + sdpa), GPU busy", busy_full, "full 16-bit, GPU busy", busy_full),
+        ):
+            rows.append(Row("decode_step", label, size, t, full_bytes, bench.floor_us(full_bytes), baseline, t_base,
+                            "bytes: K/V + weights"))
         del full
         for name, options in variants.items():
             options = dict(options)
@@ -463,14 +498,17 @@ def bench_decode_step(bench: Bench, sizes: Any, variants: dict[str, dict]) -> li
                 raise AssertionError(f"decode_step {name}: fused vs workspace logits rel err {err}")
             moved = fused.nbytes() + weights
             check = f"logits vs workspace rel err {err:.1e}; cache {fused.bits_per_value():.2f} bits/value"
-            t_work = bench.timer(partial(step, workspace))
-            rows.append(Row("decode_step", f"TurboQuant {name}, workspace + sdpa", size, t_work, moved,
-                            bench.floor_us(moved), "full 16-bit cache", t_full, check))
-            del workspace
-            t_fused = bench.timer(partial(step, fused, fused=True))
-            rows.append(Row("decode_step", f"TurboQuant {name}, fused kernel", size, t_fused, moved,
-                            bench.floor_us(moved), "full 16-bit cache", t_full, check))
-            del fused
+            times = {
+                "workspace + sdpa": (bench.timer(partial(step, workspace)), gpu_busy_us(partial(step, workspace))),
+                "fused kernel": (bench.timer(partial(step, fused, fused=True)),
+                                 gpu_busy_us(partial(step, fused, fused=True))),
+            }
+            del workspace, fused
+            for path, (wall, busy) in times.items():
+                rows.append(Row("decode_step", f"TurboQuant {name}, {path}, wall", size, wall, moved,
+                                bench.floor_us(moved), base, t_full, check))
+                rows.append(Row("decode_step", f"TurboQuant {name}, {path}, GPU busy", size, busy, moved,
+                                bench.floor_us(moved), "full 16-bit, GPU busy", busy_full, check))
     return rows
 
 

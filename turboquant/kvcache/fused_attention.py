@@ -205,8 +205,11 @@ def _torch_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     kv_heads = keys.shape[1]
     grouped = q.view(batch, kv_heads, heads // kv_heads, dim)
     logits = scale * torch.einsum("bkgd,bktd->bkgt", grouped, keys.float())
-    lse = torch.logsumexp(logits, dim=-1)
-    out = torch.einsum("bkgt,bktd->bkgd", torch.exp(logits - lse[..., None]), values.float())
+    top = logits.amax(dim=-1, keepdim=True)  # finite: every query sees at least its own token
+    weights = torch.exp(logits - top)
+    total = weights.sum(dim=-1, keepdim=True)
+    lse = (top + torch.log(total)).squeeze(-1)
+    out = torch.einsum("bkgt,bktd->bkgd", weights / total, values.float())
     return out.reshape(batch, heads, dim), lse.reshape(batch, heads)
 
 
