@@ -334,9 +334,15 @@ def _prefix_within(lines: Sequence[str], budget: int, count: TokenCounter) -> st
 
 def _build_lcc(seed: int, index: int, budget: int, count: TokenCounter) -> LongBenchSample:
     pool = [f for f in stdlib_files() if len(f.lines) >= 60]
-    source = _pick(pool, seed, "lcc", index)
     rng = _rng(seed, "lcc", index)
-    cuts = [i for i in range(30, len(source.lines)) if _is_code_line(source.lines[i])]
+    # the next file of the seeded order when a file has no code line past its first 30 (a data table)
+    for step in range(len(pool)):
+        source = _pick(pool, seed, "lcc", index + step)
+        cuts = [i for i in range(30, len(source.lines)) if _is_code_line(source.lines[i])]
+        if cuts:
+            break
+    else:
+        raise ValueError("no shipped Python file has a code line to complete")
     cut = rng.choice(cuts)
     context = _prefix_within(source.lines[:cut], budget, count)
     return _sample("lcc", seed, index, "", context, [source.lines[cut].strip()])
