@@ -21,6 +21,7 @@ centroid values chunk by chunk, so the cost is one (m×d)·(d×n) product instea
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import math
 from dataclasses import dataclass, replace
 
@@ -35,7 +36,7 @@ __all__ = ["QuantizedVectors", "TurboQuantMSE", "TurboQuantProd", "QJL"]
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _DEFAULT_CHUNK = 16384
 _NORM_DTYPE = torch.float32
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "numba")
 _TRITON_MAX_BITS = 4       # the kernels' code widths (turboquant.kernels._layout)
 _TRITON_PROD_MAX_DIM = 256  # the fused TurboQuant_prod kernel works on one tile per row
 
@@ -43,13 +44,13 @@ _TRITON_PROD_MAX_DIM = 256  # the fused TurboQuant_prod kernel works on one tile
 def _use_triton(backend: str, device: torch.device, supported: bool) -> bool:
     """Whether quantize / inner_product run the Triton kernels (``turboquant.kernels``).
 
-    "torch" never does; "triton" always does (ValueError if Triton cannot run on ``device`` or the
-    configuration has no kernel); "auto" does on CUDA devices when Triton is installed. The kernels
+    "torch" and "numba" never do; "triton" always does (ValueError if Triton cannot run on ``device`` or
+    the configuration has no kernel); "auto" does on CUDA devices when Triton is installed. The kernels
     return the same codes as the torch path except for coordinates within fp16 rounding of a midpoint.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "torch":
+    if backend in ("torch", "numba"):
         return False
     from .kernels import triton_available
 
@@ -61,6 +62,25 @@ def _use_triton(backend: str, device: torch.device, supported: bool) -> bool:
                              f"dim <= {_TRITON_PROD_MAX_DIM})")
         return True
     return supported and device.type == "cuda" and triton_available(device)
+
+
+def _use_numba(backend: str, device: torch.device) -> bool:
+    """Whether TurboQuant_mse encoding runs the fused CPU encoder (``turboquant.kernels.quantize_cpu``).
+
+    "numba" always does (ValueError if numba is not installed or ``device`` is not the CPU); "auto"
+    does on the CPU when numba is installed. Its codes are the torch path's (bit-identical with a Haar
+    rotation; with the randomized Hadamard except for coordinates within float32 rounding of a midpoint).
+    """
+    if backend not in ("auto", "numba"):
+        return False
+    installed = importlib.util.find_spec("numba") is not None
+    if backend == "numba":
+        if not installed:
+            raise ValueError("backend='numba' needs the numba package (pip install numba)")
+        if device.type != "cpu":
+            raise ValueError(f"backend='numba' runs on the CPU, got device {device}")
+        return True
+    return installed and device.type == "cpu"
 
 
 @dataclass(frozen=True, eq=False)
@@ -243,12 +263,14 @@ class TurboQuantMSE(_VectorQuantizer):
         rotation: ``"haar"`` (the paper's Π) or ``"hadamard"`` (fast substitute).
         seed: seeds Π.  density: codebook density, ``"exact"`` (f_d) or ``"gaussian"`` (N(0, 1/d)).
         device: where codes, codebook and rotation live.  chunk_size: vectors processed at a time.
-        backend: ``"auto"`` (Triton kernels on CUDA, torch elsewhere), ``"torch"`` or ``"triton"``.
+        backend: ``"auto"`` (Triton kernels on CUDA, the numba CPU encoder on the CPU when numba is
+            installed, torch otherwise), ``"torch"`` (the exact reference), ``"triton"`` or ``"numba"``.
+        threads: numba threads for the CPU encoder (default: ``torch.get_num_threads()``).
     """
 
     def __init__(self, dim: int, bits: int, rotation: str = "haar", seed: int = 0,
                  device: torch.device | str | None = None, density: str = "exact",
-                 chunk_size: int = _DEFAULT_CHUNK, backend: str = "auto"):
+                 chunk_size: int = _DEFAULT_CHUNK, backend: str = "auto", threads: int | None = None):
         self.dim = _check_dim(dim)
         self.bits = self.mse_bits = _check_bits(bits, 1, MAX_BITS, "TurboQuantMSE")
         self.seed = int(seed)
@@ -261,6 +283,8 @@ class TurboQuantMSE(_VectorQuantizer):
         self._boundaries = self.codebook.boundaries_tensor(self.device)
         self.backend = backend
         self._triton = _use_triton(backend, self.device, self.bits <= _TRITON_MAX_BITS)
+        self._numba = not self._triton and _use_numba(backend, self.device)
+        self.threads = threads
 
     @property
     def signature(self) -> str:
@@ -295,6 +319,11 @@ class TurboQuantMSE(_VectorQuantizer):
 
             codes, norms = quantize_mse_triton(x.reshape(-1, self.dim).to(self.device), self.rotation.matrix(),
                                                self.codebook.boundaries, self.bits, norms_dtype=_NORM_DTYPE)
+        elif self._numba and x.device.type == "cpu":
+            from .kernels.quantize_cpu import quantize_mse_cpu
+
+            codes, norms = quantize_mse_cpu(x.reshape(-1, self.dim), self.rotation, self.codebook.boundaries,
+                                            self.bits, self.chunk_size, self.threads)
         else:
             unit, norms = self._split_norms(x)
             codes = torch.empty(unit.shape[0], packed_size(self.dim, self.bits), dtype=torch.uint8,
