@@ -1,0 +1,136 @@
+"""Fused numba CPU encoder against the float64 reference, the torch path and the rotation it reproduces."""
+import numpy as np
+import pytest
+import torch
+
+import turboquant as tq
+from turboquant import quantizers
+
+pytest.importorskip("numba")
+
+from turboquant.kernels.quantize import quantize_mse_reference
+from turboquant.kernels.quantize_cpu import (
+    bucketize_pack,
+    hadamard_rotate,
+    hadamard_state,
+    nearest_centroid_cells,
+    quantize_mse_cpu,
+)
+
+TIE = 1e-5  # |y - midpoint| below which float32 rounding may pick the neighbouring centroid
+
+
+def mismatches(codes, ref_codes, y, boundaries, bits, dim) -> int:
+    """Number of differing codes; fails if one differs away from a midpoint or by more than one level."""
+    got = tq.unpack_codes(codes, bits, dim).long()
+    want = tq.unpack_codes(ref_codes, bits, dim).long()
+    wrong = got != want
+    gap = (y[..., None] - torch.as_tensor(boundaries, dtype=torch.float64)).abs().min(dim=-1).values
+    assert not (wrong & (gap > TIE)).any(), "a code differs away from a midpoint"
+    assert ((got - want).abs() <= 1).all(), "a code differs by more than one level"
+    assert torch.equal(tq.pack_codes(got, bits), codes), "not the library's packing (spare bits must be zero)"
+    return int(wrong.sum())
+
+
+@pytest.mark.parametrize("dim, bits, rotation, n", [
+    (1536, 4, "hadamard", 300),   # the ANN shape: 3 rounds on the leading 1024 coordinates
+    (200, 3, "hadamard", 101),    # 3-bit groups of 3 bytes, block 128
+    (128, 2, "hadamard", 64),     # power of two: one round, no permutation
+    (100, 1, "haar", 33),         # matmul path, partial last byte
+    (64, 8, "hadamard", 50),      # 255 midpoints
+])
+def test_matches_float64_reference(dim, bits, rotation, n):
+    cb = tq.lloyd_max_codebook(dim, bits)
+    rot = tq.make_rotation(rotation, dim, seed=5)
+    x = 2.5 * torch.randn(n, dim, generator=torch.Generator().manual_seed(dim + bits))
+    codes, norms = quantize_mse_cpu(x, rot, cb.boundaries, bits)
+    ref_codes, ref_norms, y = quantize_mse_reference(x, rot.matrix(), cb.boundaries, bits)
+    assert codes.shape == ref_codes.shape and codes.dtype == torch.uint8 and norms.dtype == torch.float32
+    wrong = mismatches(codes, ref_codes, y, cb.boundaries, bits, dim)
+    assert wrong <= max(1, 1e-4 * n * dim), f"{wrong} of {n * dim} codes differ from the float64 reference"
+    torch.testing.assert_close(norms.double(), ref_norms, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dim", [2, 3, 128, 200, 1536])
+def test_hadamard_transform_is_the_rotation(dim):
+    """The fused transform is RandomizedHadamard.apply (same signs, permutations, rounds and block)."""
+    rot = tq.make_rotation("hadamard", dim, seed=11)
+    x = torch.randn(37, dim, generator=torch.Generator().manual_seed(dim))
+    out = np.empty((37, dim), np.float32)
+    hadamard_rotate(x.numpy(), *hadamard_state(rot), out)
+    torch.testing.assert_close(torch.from_numpy(out), rot.apply(x), rtol=0, atol=2e-5)
+    torch.testing.assert_close(torch.from_numpy(out).double(), x.double() @ rot.matrix().double().T, rtol=0, atol=2e-5)
+
+
+def test_nearest_centroid_is_exact_at_ties_and_ends():
+    """The cell table reproduces torch.bucketize bit for bit: on the midpoints themselves, one float32
+    ulp either side of them, at ±1 and beyond, for every code width of a real codebook."""
+    for bits in range(1, 9):
+        bnd = torch.as_tensor(tq.lloyd_max_codebook(1536, bits).boundaries, dtype=torch.float32)
+        probes = torch.cat([bnd, torch.nextafter(bnd, torch.tensor(2.0)), torch.nextafter(bnd, torch.tensor(-2.0)),
+                            torch.tensor([-1.5, -1.0, -0.0, 0.0, 1.0, 1.5]), torch.rand(2000) * 0.4 - 0.2])
+        y = probes[: probes.numel() // 8 * 8].reshape(1, -1).contiguous()
+        codes = np.empty((1, tq.packing.packed_size(y.shape[1], bits)), np.uint8)
+        bucketize_pack(y.numpy(), *nearest_centroid_cells(bnd.numpy()), bits, codes)
+        got = tq.unpack_codes(torch.from_numpy(codes), bits, y.shape[1])
+        assert torch.equal(got.long(), torch.bucketize(y, bnd)), f"bits={bits}"
+
+
+def test_cell_table_rejects_bad_midpoints():
+    with pytest.raises(ValueError, match="sorted"):
+        nearest_centroid_cells(np.array([0.1, -0.1]))
+    with pytest.raises(ValueError, match="too close"):
+        nearest_centroid_cells(np.array([0.1, 0.1 + 1e-7]))
+
+
+@pytest.mark.parametrize("rotation", ["haar", "hadamard"])
+def test_quantizer_backends_agree(rotation):
+    """backend='numba' gives TurboQuantMSE.quantize's layout; Haar bit-identical, Hadamard up to ties."""
+    dim, bits = 200, 4
+    x = torch.randn(4, 50, dim, generator=torch.Generator().manual_seed(3)) * 7
+    x[1, 3] = 0
+    fast = tq.TurboQuantMSE(dim, bits, rotation=rotation, seed=2, backend="numba")
+    slow = tq.TurboQuantMSE(dim, bits, rotation=rotation, seed=2, backend="torch")
+    assert fast._numba and not slow._numba
+    got, want = fast.quantize(x), slow.quantize(x)
+    assert got.codes.shape == want.codes.shape == (4, 50, 100) and got.signature == want.signature
+    assert got.norms[1, 3] == 0
+    if rotation == "haar":
+        assert torch.equal(got.codes, want.codes) and torch.equal(got.norms, want.norms)
+    else:
+        differ = tq.unpack_codes(got.codes, bits, dim) != tq.unpack_codes(want.codes, bits, dim)
+        assert int(differ.sum()) <= 2, f"{int(differ.sum())} codes differ"
+        torch.testing.assert_close(got.norms, want.norms, rtol=1e-6, atol=0)
+    torch.testing.assert_close(fast.dequantize(got), slow.dequantize(want), rtol=0, atol=0.2)
+
+
+def test_low_precision_inputs_and_threads():
+    dim, bits = 96, 3
+    x = torch.randn(70, dim, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    rot = tq.make_rotation("hadamard", dim, seed=0)
+    bnd = tq.lloyd_max_codebook(dim, bits).boundaries
+    one, norms_one = quantize_mse_cpu(x, rot, bnd, bits, threads=1)
+    two, norms_two = quantize_mse_cpu(x, rot, bnd, bits, threads=2)
+    assert torch.equal(one, two) and torch.equal(norms_one, norms_two)
+    ref_codes, _, y = quantize_mse_reference(x.float(), rot.matrix(), bnd, bits)
+    mismatches(one, ref_codes, y, bnd, bits, dim)
+    with pytest.raises(ValueError, match="threads"):
+        quantize_mse_cpu(x, rot, bnd, bits, threads=0)
+    with pytest.raises(ValueError, match="midpoints"):
+        quantize_mse_cpu(x, rot, bnd[:-1], bits)
+    with pytest.raises(ValueError, match="last dimension"):
+        quantize_mse_cpu(x[:, :-1], rot, bnd, bits)
+
+
+def test_dispatch(monkeypatch):
+    assert tq.TurboQuantMSE(16, 2, backend="auto")._numba  # CPU + numba installed
+    assert not tq.TurboQuantMSE(16, 2, backend="torch")._numba
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        quantizers._use_numba("numba", torch.device("cuda"))
+    assert not quantizers._use_numba("auto", torch.device("cuda"))
+    real_find_spec = quantizers.importlib.util.find_spec
+    monkeypatch.setattr(quantizers.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "numba" else real_find_spec(name, *a))
+    with pytest.raises(ValueError, match="needs the numba package"):
+        tq.TurboQuantMSE(16, 2, backend="numba")
+    assert not tq.TurboQuantMSE(16, 2, backend="auto")._numba  # falls back to the torch path
