@@ -130,34 +130,34 @@ def _quantize_mse_kernel(
             _quantize_tile_transposed(x_rows, row_mask, rows, norms_ptr, codes_ptr, stride_codes, rot_even, rot_odd,
                                       table_ptr, dim, row_bytes, lut_scale, lut_offset,
                                       BITS, BYTES_PER_GROUP, BLOCK_K, BLOCK_G, LUT_MASK)
-            continue
-        if SINGLE_K:
-            x = tl.load(x_rows[:, None] + k_offs[None, :],
-                        mask=row_mask[:, None] & (k_offs[None, :] < dim), other=0.0).to(tl.float32)
-            sum_sq = tl.sum(x * x, axis=1)
         else:
-            sum_sq = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for k0 in range(0, dim, BLOCK_K):
-                xk = tl.load(x_rows[:, None] + (k0 + k_offs)[None, :],
-                             mask=row_mask[:, None] & ((k0 + k_offs) < dim)[None, :], other=0.0).to(tl.float32)
-                sum_sq += tl.sum(xk * xk, axis=1)
-        norm = tl.sqrt(sum_sq)
-        inv_norm = tl.where(norm > 0, 1.0 / tl.maximum(norm, 1e-30), 0.0)
-        tl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=row_mask)
-        if SINGLE_K:
-            x_unit = (x * inv_norm[:, None]).to(tl.float16)
-        else:
-            x_unit = inv_norm  # placeholder: the chunked path re-reads x for every K chunk
-        code_rows = codes_ptr + rows.to(tl.int64) * stride_codes
-        if RESIDENT:
-            even = _nearest_centroid(tl.dot(x_unit, rot_even), table_ptr, lut_scale, lut_offset, LUT_MASK)
-            odd = _nearest_centroid(tl.dot(x_unit, rot_odd), table_ptr, lut_scale, lut_offset, LUT_MASK)
-            odd = tl.where((g_all * 2 + 1 < dim)[None, :], odd, 0)
-            store_group_words(code_rows, row_mask, g_all, row_bytes, even | (odd << BITS), BYTES_PER_GROUP)
-        else:
-            _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, table_ptr, dim, row_bytes,
-                             n_groups, groups_padded, lut_scale, lut_offset,
-                             BITS, BYTES_PER_GROUP, CODES_PER_GROUP, BLOCK_N, BLOCK_K, BLOCK_G, LUT_MASK, SINGLE_K)
+            if SINGLE_K:
+                x = tl.load(x_rows[:, None] + k_offs[None, :],
+                            mask=row_mask[:, None] & (k_offs[None, :] < dim), other=0.0).to(tl.float32)
+                sum_sq = tl.sum(x * x, axis=1)
+            else:
+                sum_sq = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for k0 in range(0, dim, BLOCK_K):
+                    xk = tl.load(x_rows[:, None] + (k0 + k_offs)[None, :],
+                                 mask=row_mask[:, None] & ((k0 + k_offs) < dim)[None, :], other=0.0).to(tl.float32)
+                    sum_sq += tl.sum(xk * xk, axis=1)
+            norm = tl.sqrt(sum_sq)
+            inv_norm = tl.where(norm > 0, 1.0 / tl.maximum(norm, 1e-30), 0.0)
+            tl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=row_mask)
+            if SINGLE_K:
+                x_unit = (x * inv_norm[:, None]).to(tl.float16)
+            else:
+                x_unit = inv_norm  # placeholder: the chunked path re-reads x for every K chunk
+            code_rows = codes_ptr + rows.to(tl.int64) * stride_codes
+            if RESIDENT:
+                even = _nearest_centroid(tl.dot(x_unit, rot_even), table_ptr, lut_scale, lut_offset, LUT_MASK)
+                odd = _nearest_centroid(tl.dot(x_unit, rot_odd), table_ptr, lut_scale, lut_offset, LUT_MASK)
+                odd = tl.where((g_all * 2 + 1 < dim)[None, :], odd, 0)
+                store_group_words(code_rows, row_mask, g_all, row_bytes, even | (odd << BITS), BYTES_PER_GROUP)
+            else:
+                _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, table_ptr, dim, row_bytes,
+                                 n_groups, groups_padded, lut_scale, lut_offset,
+                                 BITS, BYTES_PER_GROUP, CODES_PER_GROUP, BLOCK_N, BLOCK_K, BLOCK_G, LUT_MASK, SINGLE_K)
 
 
 @triton.jit
