@@ -93,7 +93,7 @@ def _quantize_mse_kernel(
     lut_scale, lut_offset,
     BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, LUT_MASK: tl.constexpr,
-    SINGLE_K: tl.constexpr, RESIDENT: tl.constexpr, TRANSPOSED: tl.constexpr,
+    SINGLE_K: tl.constexpr, RESIDENT: tl.constexpr,
 ):
     """Persistent grid over tiles of BLOCK_N rows.
 
@@ -102,88 +102,47 @@ def _quantize_mse_kernel(
     ``x @ rot[k]`` gives code k of every group and the codes are OR-ed into the words directly.
     RESIDENT (two codes per group, one chunk: 4-bit with dim <= 128): both slices stay in registers
     for the whole persistent loop instead of being re-read from L2 for every tile.
-    TRANSPOSED (RESIDENT only): computes ``y^T = rot[k]^T x^T`` so that the resident rotation slice is the
-    A operand of ``tl.dot`` and the row tile the B operand (which the tensor cores read from shared memory,
-    where the pipelined load puts it); fp16 rows enter the product unscaled and ``1/||x||`` scales the
-    result, bf16/fp32 rows are normalised and rounded to fp16 first (fp16 range).
     """
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(n_rows, BLOCK_N)
     k_offs = tl.arange(0, BLOCK_K)
     if RESIDENT:
         g_all = tl.arange(0, BLOCK_G)
-        if TRANSPOSED:
-            rot_even = tl.load(rot_ptr + k_offs[None, :] * groups_padded + g_all[:, None],
-                               mask=k_offs[None, :] < dim, other=0.0)
-            rot_odd = tl.load(rot_ptr + dim * groups_padded + k_offs[None, :] * groups_padded + g_all[:, None],
-                              mask=k_offs[None, :] < dim, other=0.0)
-        else:
-            rot_even = tl.load(rot_ptr + k_offs[:, None] * groups_padded + g_all[None, :],
-                               mask=k_offs[:, None] < dim, other=0.0)
-            rot_odd = tl.load(rot_ptr + dim * groups_padded + k_offs[:, None] * groups_padded + g_all[None, :],
-                              mask=k_offs[:, None] < dim, other=0.0)
+        rot_even = tl.load(rot_ptr + k_offs[:, None] * groups_padded + g_all[None, :],
+                           mask=k_offs[:, None] < dim, other=0.0)
+        rot_odd = tl.load(rot_ptr + dim * groups_padded + k_offs[:, None] * groups_padded + g_all[None, :],
+                          mask=k_offs[:, None] < dim, other=0.0)
     for tile in range(pid, n_tiles, tl.num_programs(0)):
         rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         row_mask = rows < n_rows
         x_rows = x_ptr + rows.to(tl.int64) * stride_x
-        if TRANSPOSED:
-            _quantize_tile_transposed(x_rows, row_mask, rows, norms_ptr, codes_ptr, stride_codes, rot_even, rot_odd,
-                                      table_ptr, dim, row_bytes, lut_scale, lut_offset,
-                                      BITS, BYTES_PER_GROUP, BLOCK_K, BLOCK_G, LUT_MASK)
+        if SINGLE_K:
+            x = tl.load(x_rows[:, None] + k_offs[None, :],
+                        mask=row_mask[:, None] & (k_offs[None, :] < dim), other=0.0).to(tl.float32)
+            sum_sq = tl.sum(x * x, axis=1)
         else:
-            if SINGLE_K:
-                x = tl.load(x_rows[:, None] + k_offs[None, :],
-                            mask=row_mask[:, None] & (k_offs[None, :] < dim), other=0.0).to(tl.float32)
-                sum_sq = tl.sum(x * x, axis=1)
-            else:
-                sum_sq = tl.zeros((BLOCK_N,), dtype=tl.float32)
-                for k0 in range(0, dim, BLOCK_K):
-                    xk = tl.load(x_rows[:, None] + (k0 + k_offs)[None, :],
-                                 mask=row_mask[:, None] & ((k0 + k_offs) < dim)[None, :], other=0.0).to(tl.float32)
-                    sum_sq += tl.sum(xk * xk, axis=1)
-            norm = tl.sqrt(sum_sq)
-            inv_norm = tl.where(norm > 0, 1.0 / tl.maximum(norm, 1e-30), 0.0)
-            tl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=row_mask)
-            if SINGLE_K:
-                x_unit = (x * inv_norm[:, None]).to(tl.float16)
-            else:
-                x_unit = inv_norm  # placeholder: the chunked path re-reads x for every K chunk
-            code_rows = codes_ptr + rows.to(tl.int64) * stride_codes
-            if RESIDENT:
-                even = _nearest_centroid(tl.dot(x_unit, rot_even), table_ptr, lut_scale, lut_offset, LUT_MASK)
-                odd = _nearest_centroid(tl.dot(x_unit, rot_odd), table_ptr, lut_scale, lut_offset, LUT_MASK)
-                odd = tl.where((g_all * 2 + 1 < dim)[None, :], odd, 0)
-                store_group_words(code_rows, row_mask, g_all, row_bytes, even | (odd << BITS), BYTES_PER_GROUP)
-            else:
-                _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, table_ptr, dim, row_bytes,
-                                 n_groups, groups_padded, lut_scale, lut_offset,
-                                 BITS, BYTES_PER_GROUP, CODES_PER_GROUP, BLOCK_N, BLOCK_K, BLOCK_G, LUT_MASK, SINGLE_K)
-
-
-@triton.jit
-def _quantize_tile_transposed(x_rows, row_mask, rows, norms_ptr, codes_ptr, stride_codes, rot_even_t, rot_odd_t,
-                              table_ptr, dim, row_bytes, lut_scale, lut_offset,
-                              BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
-                              BLOCK_G: tl.constexpr, LUT_MASK: tl.constexpr):
-    """One tile of the TRANSPOSED variant (see the kernel's docstring): codes as (groups, rows), stored transposed."""
-    k_offs = tl.arange(0, BLOCK_K)
-    g_all = tl.arange(0, BLOCK_G)
-    x_in = tl.load(x_rows[:, None] + k_offs[None, :], mask=row_mask[:, None] & (k_offs[None, :] < dim), other=0.0)
-    x = x_in.to(tl.float32)
-    norm = tl.sqrt(tl.sum(x * x, axis=1))
-    inv_norm = tl.where(norm > 0, 1.0 / tl.maximum(norm, 1e-30), 0.0)
-    tl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=row_mask)
-    if x_in.dtype == tl.float16:
-        x_t = tl.trans(x_in)
-        post = inv_norm
-    else:
-        x_t = tl.trans((x * inv_norm[:, None]).to(tl.float16))
-        post = tl.full(inv_norm.shape, 1.0, tl.float32)
-    even = _nearest_centroid(tl.dot(rot_even_t, x_t) * post[None, :], table_ptr, lut_scale, lut_offset, LUT_MASK)
-    odd = _nearest_centroid(tl.dot(rot_odd_t, x_t) * post[None, :], table_ptr, lut_scale, lut_offset, LUT_MASK)
-    odd = tl.where((g_all * 2 + 1 < dim)[:, None], odd, 0)
-    words = tl.trans(even | (odd << BITS))
-    store_group_words(codes_ptr + rows.to(tl.int64) * stride_codes, row_mask, g_all, row_bytes, words, BYTES_PER_GROUP)
+            sum_sq = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for k0 in range(0, dim, BLOCK_K):
+                xk = tl.load(x_rows[:, None] + (k0 + k_offs)[None, :],
+                             mask=row_mask[:, None] & ((k0 + k_offs) < dim)[None, :], other=0.0).to(tl.float32)
+                sum_sq += tl.sum(xk * xk, axis=1)
+        norm = tl.sqrt(sum_sq)
+        inv_norm = tl.where(norm > 0, 1.0 / tl.maximum(norm, 1e-30), 0.0)
+        tl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=row_mask)
+        if SINGLE_K:
+            x_unit = (x * inv_norm[:, None]).to(tl.float16)
+        else:
+            x_unit = inv_norm  # placeholder: the chunked path re-reads x for every K chunk
+        code_rows = codes_ptr + rows.to(tl.int64) * stride_codes
+        if RESIDENT:
+            even = _nearest_centroid(tl.dot(x_unit, rot_even), table_ptr, lut_scale, lut_offset, LUT_MASK)
+            odd = _nearest_centroid(tl.dot(x_unit, rot_odd), table_ptr, lut_scale, lut_offset, LUT_MASK)
+            odd = tl.where((g_all * 2 + 1 < dim)[None, :], odd, 0)
+            store_group_words(code_rows, row_mask, g_all, row_bytes, even | (odd << BITS), BYTES_PER_GROUP)
+        else:
+            _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, table_ptr, dim, row_bytes,
+                             n_groups, groups_padded, lut_scale, lut_offset,
+                             BITS, BYTES_PER_GROUP, CODES_PER_GROUP, BLOCK_N, BLOCK_K, BLOCK_G, LUT_MASK, SINGLE_K)
 
 
 @triton.jit
@@ -250,7 +209,6 @@ def quantize_mse_triton(
     num_warps: int = 4,
     num_stages: int = 3,
     programs_per_sm: int = 4,
-    transposed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TurboQuant_mse codes and norms of ``x`` (..., dim) in one kernel.
 
@@ -262,8 +220,6 @@ def quantize_mse_triton(
         norms_dtype: dtype of the stored norms (float32 as the library, float16 for a compact cache).
         block_n, num_warps, num_stages, programs_per_sm: tuning (rows per tile, warps, software-pipeline
             depth of the row loads, persistent programs per SM).
-        transposed: rotation as the A operand of the tensor-core product (4-bit, dim <= 128 only; other
-            shapes ignore it). A variant under measurement: ``benchmarks/NOTES.md``.
 
     Returns:
         ``(codes, norms)``: uint8 (..., ceil(dim * bits / 8)) in the library's packed layout, and
@@ -293,7 +249,6 @@ def quantize_mse_triton(
     block_g = min(pow2_at_least(groups), 64)
     groups_padded = triton.cdiv(groups, block_g) * block_g
     n_tiles = triton.cdiv(n_rows, block_n)
-    resident = dim <= block_k and codes_per_group == 2 and groups <= block_g
     if x.device.type == "cuda":
         n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
         grid = (min(n_tiles, n_sm * programs_per_sm),)
@@ -305,7 +260,7 @@ def quantize_mse_triton(
         lut_scale, lut_offset,
         BITS=bits, BYTES_PER_GROUP=bytes_per_group, CODES_PER_GROUP=codes_per_group,
         BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_G=block_g, LUT_MASK=table.numel() - 1,
-        SINGLE_K=dim <= block_k, RESIDENT=resident, TRANSPOSED=transposed and resident,
+        SINGLE_K=dim <= block_k, RESIDENT=dim <= block_k and codes_per_group == 2 and groups <= block_g,
         num_warps=num_warps, num_stages=num_stages,
     )
     return codes.reshape(*lead_shape, row_bytes), norms.reshape(lead_shape)
