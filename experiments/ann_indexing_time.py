@@ -10,6 +10,11 @@ What is timed, identically for every method (same process, same threads, stated 
 * A warm-up build on a small slice runs first and is not counted (library loading, allocator growth).
 * Builds are repeated ``repeats`` times and the median kept, unless one build takes longer than
   ``cheap_s`` seconds (then it is timed once; ``repeats_done`` says which).
+* TurboQuant is built once per rotation in ``rotations`` and per quantizer backend in ``backends``
+  (``auto``: the fused numba CPU encoder when numba is installed; ``torch``: the reference path), so the
+  fast path and the reference are timed in the same run; every row states the ``backend`` asked for,
+  the ``encoder`` that really ran and the threads. The codes of the backends agree (bit for bit with
+  Haar, up to float32 ties with Hadamard), so search is timed on the first backend's index only.
 * Search: after a warm-up query, the held-out queries are searched in one batch and the first
   ``single_queries`` one at a time (queries/s for each); recall@1@1 and recall@1@k at the search ``k`` on
   the timed queries are stated with each throughput. TurboQuant is timed with both scorers (``dense``:
@@ -24,6 +29,7 @@ RaBitQ a single-core Python port) and the RaBitQ authors' symmetric re-timing (a
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import time
@@ -129,11 +135,13 @@ def _lut_twin(index: TurboQuantIndex) -> TurboQuantIndex:
 
 
 def _method_runs(cfg: Any) -> list[tuple[str, dict[str, Any]]]:
-    """(method, constructor options) pairs: TurboQuant once per rotation in ``rotations``."""
+    """(method, constructor options) pairs: TurboQuant once per rotation in ``rotations`` and backend in
+    ``backends``."""
     runs = []
     for method in cfg.experiment.methods:
         if method.startswith("turboquant"):
-            runs += [(method, {"rotation": r, "seed": int(cfg.seed)}) for r in cfg.experiment.rotations]
+            runs += [(method, {"rotation": r, "seed": int(cfg.seed), "backend": b})
+                     for r in cfg.experiment.rotations for b in cfg.experiment.backends]
         else:
             runs.append((method, {}))
     return runs
@@ -150,7 +158,8 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     for name, dataset_cfg in _data_specs(cfg):
         units = [
             {"data": name, "dataset_config_id": config_hash(dataset_cfg), "n_base": int(sizes.n_base),
-             "n_queries": int(sizes.n_queries), "method": method, "rotation": options.get("rotation", "")}
+             "n_queries": int(sizes.n_queries), "method": method, "rotation": options.get("rotation", ""),
+             "backend": options.get("backend", "")}
             for method, options in _method_runs(cfg)
         ]
         all_units += units
@@ -164,12 +173,14 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         truth = exact_top1(data)
         for unit, options in tqdm(todo, desc=f"ann_indexing_time {name}"):
             builds, built = _timed_builds(unit["method"], bits, data, options, int(exp.repeats), float(exp.cheap_s))
-            common = {"dim": data.dim, "bits": bits, "bits_per_coordinate": built.index.bits_per_coordinate, **threads}
+            encoder = built.index.encoder if isinstance(built.index, TurboQuantIndex) else "faiss"
+            common = {"dim": data.dim, "bits": bits, "bits_per_coordinate": built.index.bits_per_coordinate,
+                      "encoder": encoder, **threads}
             rows = [{
                 "measure": "build", "scorer": "", "build_s": _median(builds, "build_s"),
                 "train_s": _median(builds, "train_s"), "add_s": _median(builds, "add_s"),
                 "setup_s": _median(builds, "setup_s"), "build_s_min": min(b.build_s for b in builds),
-                "repeats_done": len(builds), **common,
+                "repeats_done": len(builds), "load_average": os.getloadavg()[0], **common,
             }]
             n_queries, single = data.queries.shape[0], int(exp.single_queries)
             batches = [(n_queries, n_queries), (1, single)]
@@ -177,6 +188,8 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
             if isinstance(built.index, TurboQuantIndex) and built.index.supports_lut:
                 # per-query tables cost m·n·d/g gathers: timed one query at a time only
                 indexes = {"dense": (built.index, batches), "lut": (_lut_twin(built.index), [(1, single)])}
+            if unit["backend"] and unit["backend"] != exp.backends[0]:
+                indexes = {}  # same codes as the first backend's index: its search is timed there
             for scorer, (index, index_batches) in indexes.items():
                 for row in _throughput(index, data.queries, int(exp.search_k), index_batches, truth):
                     rows.append({**row, "scorer": scorer, **common})
@@ -184,39 +197,93 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     return store.frame(units=all_units)
 
 
-def _label(method: str, rotation: str) -> str:
+def _label(method: str, rotation: str, encoder: str = "") -> str:
+    """e.g. ``TurboQuant_mse (hadamard, numba)``: the method, its rotation and the encoder that ran."""
     label = METHOD_LABELS.get(method, method)
-    return f"{label} ({rotation})" if rotation and isinstance(rotation, str) else label
+    details = [part for part in (rotation, "" if encoder == "faiss" else encoder) if isinstance(part, str) and part]
+    return f"{label} ({', '.join(details)})" if details else label
+
+
+def _with_labels(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    for column in ("rotation", "backend", "encoder"):
+        df[column] = df[column].fillna("") if column in df else ""
+    df["method_label"] = [_label(m, r, e) for m, r, e in zip(df["method"], df["rotation"], df["encoder"])]
+    return df
+
+
+def _fast_turboquant(builds: pd.DataFrame, method: str, rotation: str) -> pd.DataFrame:
+    """The rows of ``method`` with ``rotation`` built by the fastest encoder present (numba/triton, else torch)."""
+    rows = builds[(builds["method"] == method) & (builds["rotation"] == rotation)]
+    for encoder in ("triton", "numba", "torch"):
+        if (rows["encoder"] == encoder).any():
+            return rows[rows["encoder"] == encoder]
+    return rows
+
+
+#: (method, paper-numbers label, dimension) rows of Table 2 that experiments/paper_numbers.yaml lists
+PAPER_ROWS = (("turboquant_mse", "turboquant", 200), ("turboquant_mse", "turboquant", 1536),
+              ("turboquant_mse", "turboquant", 3072), ("pq", "pq", 1536))
 
 
 def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Build seconds of 100k-vector indexes on random unit vectors at the paper's dimensions (Table 2)."""
-    builds = df[(df["measure"] == "build") & (df["n_base"] == 100_000) & df["build_s"].notna()]
+    """Build seconds of 100k-vector indexes on random unit vectors at the paper's dimensions (Table 2);
+    TurboQuant as the paper's Haar rotation with the fastest encoder in the run."""
+    builds = _with_labels(df[(df["measure"] == "build") & (df["n_base"] == 100_000) & df["build_s"].notna()])
     out = []
-    for method, label in (("turboquant_mse", "turboquant"), ("pq", "pq")):
-        for dim in (200, 1536, 3072):
-            rows = builds[(builds["method"] == method) & (builds["data"] == f"random_sphere_d{dim}")]
-            if method == "turboquant_mse":
-                rows = rows[rows["rotation"] == "haar"]
-            if len(rows):
-                row = rows.iloc[-1]
-                out.append({"id": f"ann_indexing_time.seconds.{label}.d{dim}", "value": float(row["build_s"]),
-                            "detail": f"{method} (haar), {int(row['faiss_threads'])} faiss / "
-                                      f"{int(row['torch_threads'])} torch threads, this run's machine"})
+    for method, label, dim in PAPER_ROWS:
+        rows = builds[builds["data"] == f"random_sphere_d{dim}"]
+        rows = _fast_turboquant(rows, method, "haar") if method == "turboquant_mse" else rows[rows["method"] == method]
+        if len(rows):
+            row = rows.iloc[-1]
+            out.append({"id": f"ann_indexing_time.seconds.{label}.d{dim}", "value": float(row["build_s"]),
+                        "detail": f"{row['method_label']}, {int(row['faiss_threads'])} faiss / "
+                                  f"{int(row['torch_threads'])} torch threads, this run's machine"})
     return out
+
+
+def _ratio_lines(builds: pd.DataFrame) -> list[str]:
+    """PQ training time and PQ build time over each TurboQuant build time, per data set (same run)."""
+    lines = []
+    for data, part in builds.groupby("data"):
+        pq = part[part["method"] == "pq"]
+        if pq.empty:
+            continue
+        train_s, build_s = float(pq["train_s"].iloc[0]), float(pq["build_s"].iloc[0])
+        for _, tq_row in part[part["method"].str.startswith("turboquant")].iterrows():
+            lines.append(f"- {data}: PQ training {train_s:.4g} s (build {build_s:.4g} s) / {tq_row['method_label']} "
+                         f"{tq_row['build_s']:.4g} s = {train_s / tq_row['build_s']:.0f}x "
+                         f"(build: {build_s / tq_row['build_s']:.0f}x)")
+    return lines
+
+
+def _encoder_speedups(builds: pd.DataFrame) -> list[str]:
+    """Torch-path build time over fast-encoder build time for the same TurboQuant variant (same run)."""
+    lines = []
+    tq_builds = builds[builds["method"].str.startswith("turboquant")]
+    for (data, method, rotation), part in tq_builds.groupby(["data", "method", "rotation"]):
+        reference = part[part["encoder"] == "torch"]
+        for _, fast in part[part["encoder"] != "torch"].iterrows():
+            if len(reference):
+                ref_s = float(reference["build_s"].iloc[0])
+                lines.append(f"- {data}, {method} ({rotation}): torch {ref_s:.4g} s / {fast['encoder']} "
+                             f"{fast['build_s']:.4g} s = {ref_s / fast['build_s']:.1f}x")
+    return lines
 
 
 def table2_markdown(df: pd.DataFrame) -> str:
     """Our build times per (data, method) next to arXiv v1 Table 2 and the RaBitQ authors' re-timing."""
-    builds = df[df["measure"] == "build"].copy()
-    builds["rotation"] = builds["rotation"].fillna("")
-    builds["method_label"] = [_label(m, r) for m, r in zip(builds["method"], builds["rotation"])]
+    df = _with_labels(df)
+    builds = df[df["measure"] == "build"]
     table = builds.pivot_table(index="method_label", columns="data", values="build_s", aggfunc="first")
+    loads = df["load_average"].dropna() if "load_average" in df else pd.Series(dtype=float)
+    load_text = f"; 1-min load average {loads.min():.2f}-{loads.max():.2f} during the builds" if len(loads) else ""
     lines = [
         "# Indexing time (seconds), 4 bits: this machine vs the paper's Table 2 (arXiv v1)",
         "",
-        "Ours: median wall time of train + add (" + _threads_text(df) + "); shared 2-core CPU, "
-        "so absolute times carry load noise.",
+        f"Ours: median wall time of train + add, {int(builds['n_base'].iloc[0])} vectors (" + _threads_text(df)
+        + f"); shared 2-core CPU{load_text}, so absolute times carry load noise. In parentheses: "
+        "rotation and the encoder that ran (numba = fused CPU encoder, torch = reference path).",
         "",
         markdown_table(table.reset_index(), "{:.4g}"),
         "",
@@ -230,42 +297,40 @@ def table2_markdown(df: pd.DataFrame) -> str:
         "",
         "## PQ training time / TurboQuant indexing time (same run, same data)",
         "",
+        *_ratio_lines(builds),
     ]
-    for data, part in builds.groupby("data"):
-        pq = part[part["method"] == "pq"]["build_s"]
-        for _, tq_row in part[part["method"].str.startswith("turboquant")].iterrows():
-            if len(pq):
-                lines.append(f"- {data}: PQ {float(pq.iloc[0]):.3g} s / {_label(tq_row['method'], tq_row['rotation'])} "
-                             f"{tq_row['build_s']:.3g} s = {float(pq.iloc[0]) / tq_row['build_s']:.0f}x")
+    speedups = _encoder_speedups(builds)
+    if speedups:
+        lines += ["", "## TurboQuant encoders: torch reference / fast path (same run)", "", *speedups]
     searches = df[df["measure"] == "search"].copy()
     if not searches.empty:
-        searches["rotation"] = searches["rotation"].fillna("")
-        searches["method"] = [_label(m, r) + (f" [{s}]" if isinstance(s, str) and s else "")
-                              for m, r, s in zip(searches["method"], searches["rotation"], searches["scorer"])]
+        searches["method"] = [label + (f" [{s}]" if isinstance(s, str) and s else "")
+                              for label, s in zip(searches["method_label"], searches["scorer"])]
         cols = ["data", "method", "batch", "queries_timed", "queries_per_s", "search_k", "recall_at_1", "recall_at_k"]
         lines += ["", "## Search throughput (same run)", "", markdown_table(searches[cols], "{:.3g}")]
     return "\n".join(lines) + "\n"
 
 
 def _threads_text(df: pd.DataFrame) -> str:
-    faiss_threads = sorted(set(df["faiss_threads"].dropna().astype(int)))
-    torch_threads = sorted(set(df["torch_threads"].dropna().astype(int)))
-    return f"faiss OpenMP threads {faiss_threads}, torch threads {torch_threads}"
+    parts = []
+    for column, name in (("faiss_threads", "faiss OpenMP"), ("torch_threads", "torch"), ("numba_threads", "numba")):
+        if column in df:
+            parts.append(f"{name} threads {sorted(set(df[column].dropna().astype(int)))}")
+    return ", ".join(parts)
 
 
 def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
     """Build time against dimension (log scale) per method, and the Table 2 comparison as Markdown."""
     if df.empty:
         return []
-    builds = df[df["measure"] == "build"].copy()
-    builds["rotation"] = builds["rotation"].fillna("")
+    builds = _with_labels(df[df["measure"] == "build"])
     with figure_style():
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(5.2, 3.8))
-        for (method, rotation), part in builds.groupby(["method", "rotation"], sort=False):
+        for label, part in builds.groupby("method_label", sort=False):
             part = part.sort_values("dim")
-            ax.plot(part["dim"], part["build_s"], marker="o", label=_label(method, rotation))
+            ax.plot(part["dim"], part["build_s"], marker="o", label=label)
         for method, times in PAPER_TABLE2.items():
             ax.plot(list(times), list(times.values()), ls=":", marker="x", alpha=0.6, label=f"paper Table 2: {method}")
         ax.set_xscale("log")

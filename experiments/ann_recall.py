@@ -14,6 +14,7 @@ TurboQuant ≈0.55, PQ ≈0.50, RaBitQ ≈0.45; OpenAI3 d=3072 at 2 bits: ≈0.9
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -58,12 +59,19 @@ _COLORS = {
 
 
 def set_threads(threads: int) -> dict[str, int]:
-    """Use ``threads`` for faiss (OpenMP) and torch; return what each library reports afterwards."""
+    """Use ``threads`` for faiss (OpenMP) and torch; return what each library reports afterwards, plus
+    the threads of TurboQuant's numba CPU encoder (it follows torch's count; 0 without numba)."""
     if threads < 1:
         raise ValueError(f"threads must be positive, got {threads}")
     faiss.omp_set_num_threads(threads)
     torch.set_num_threads(threads)
-    return {"faiss_threads": faiss.omp_get_max_threads(), "torch_threads": torch.get_num_threads()}
+    numba_threads = 0
+    if importlib.util.find_spec("numba") is not None:
+        from turboquant.kernels.quantize_cpu import resolve_threads
+
+        numba_threads = resolve_threads(None)
+    return {"faiss_threads": faiss.omp_get_max_threads(), "torch_threads": torch.get_num_threads(),
+            "numba_threads": numba_threads}
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:

@@ -121,3 +121,22 @@ def test_constructor_errors():
         make_index("lsh", 8, 2)
     with pytest.raises(ValueError, match="empty"):
         TurboQuantIndex(8, 2).search(np.ones((1, 8), np.float32), 1)
+
+
+def test_encoder_backends_give_the_reference_codes(clustered_data):
+    """backend='auto' adds through the fused numba encoder on the CPU; its codes are the torch path's
+    (bit for bit with Haar), so the searches agree; the backend survives save/load."""
+    pytest.importorskip("numba")
+    base, queries = clustered_data
+    fast = TurboQuantIndex(base.shape[1], 4, rotation="haar", backend="auto")
+    slow = TurboQuantIndex(base.shape[1], 4, rotation="haar", backend="torch")
+    assert (fast.encoder, slow.encoder) == ("numba", "torch")
+    assert TurboQuantIndex(base.shape[1], 4, variant="prod").encoder == "torch"  # QJL stage: a matmul either way
+    fast.add(base)
+    slow.add(base)
+    for key, array in fast.state_arrays().items():
+        np.testing.assert_array_equal(array, slow.state_arrays()[key])
+    np.testing.assert_array_equal(fast.search(queries, 5).ids, slow.search(queries, 5).ids)
+    assert fast.config()["backend"] == "auto"
+    with pytest.raises(ValueError, match="no numba encoder"):
+        TurboQuantIndex(base.shape[1], 4, variant="prod", backend="numba")

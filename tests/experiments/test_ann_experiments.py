@@ -82,14 +82,19 @@ def test_ann_indexing_time_runs_and_writes_the_table(tmp_path):
     store = ResultStore(cfg.paths.results_dir, "ann_indexing_time", cfg, ann_indexing_time.RESULT_KEYS)
     df = ann_indexing_time.run(cfg, store)
     builds = df[df["measure"] == "build"]
-    assert len(builds) == 2 * 4  # 2 dims x (TurboQuant haar + hadamard, PQ, RaBitQ)
+    assert len(builds) == 2 * 6  # 2 dims x (TurboQuant {haar, hadamard} x {auto, torch}, PQ, RaBitQ)
     assert set(builds["dim"]) == {16, 24} and (builds["build_s"] > 0).all()
-    assert (builds.loc[builds["method"] == "turboquant_mse", "train_s"] < 0.01).all()  # data-oblivious
+    tq_builds = builds[builds["method"] == "turboquant_mse"]
+    assert (tq_builds["train_s"] < 0.01).all()  # data-oblivious
+    # every row says which encoder ran: auto picks the numba encoder on this CPU (numba is a dependency)
+    assert dict(zip(tq_builds["backend"], tq_builds["encoder"])) == {"auto": "numba", "torch": "torch"}
+    assert (builds["numba_threads"] >= 1).all() and builds["load_average"].notna().all()
     tq_search = df[(df["measure"] == "search") & (df["method"] == "turboquant_mse")]
-    assert set(tq_search["scorer"]) == {"dense", "lut"}
+    assert set(tq_search["scorer"]) == {"dense", "lut"} and set(tq_search["backend"]) == {"auto"}
     # both scorers rank identically, so they reach the same recall on the same codes
     by_scorer = tq_search[tq_search["batch"] == 1].groupby(["data", "rotation", "scorer"])["recall_at_k"].first()
     assert (by_scorer.xs("dense", level="scorer") == by_scorer.xs("lut", level="scorer")).all()
     paths = ann_indexing_time.plot(df, cfg, cfg.paths.figures_dir)
     text = paths[-1].read_text()
     assert "239.75" in text and "PQ training time / TurboQuant" in text and "queries_per_s" in text
+    assert "TurboQuant_mse (hadamard, numba)" in text and "torch reference / fast path" in text

@@ -128,6 +128,8 @@ def test_dispatch(monkeypatch):
     with pytest.raises(ValueError, match="runs on the CPU"):
         quantizers._use_numba("numba", torch.device("cuda"))
     assert not quantizers._use_numba("auto", torch.device("cuda"))
+    with pytest.raises(ValueError, match="no numba encoder"):
+        tq.TurboQuantProd(16, 3, backend="numba")
     real_find_spec = quantizers.importlib.util.find_spec
     monkeypatch.setattr(quantizers.importlib.util, "find_spec",
                         lambda name, *a: None if name == "numba" else real_find_spec(name, *a))

@@ -65,6 +65,9 @@ class TurboQuantIndex(VectorIndex):
             or two queries). Both compute the same scores (to float32 rounding).
         chunk_size: database rows quantized or scored per step (bounds the working memory).
         query_block: queries scored together per step on the dense path.
+        backend: the quantizer's encoder (``TurboQuantMSE``/``TurboQuantProd`` ``backend``): ``"auto"``
+            (the fused numba encoder on the CPU when numba is installed), ``"numba"`` or ``"torch"``
+            (the reference). :attr:`encoder` says which one ``add`` runs.
     """
 
     method: ClassVar[str] = "turboquant"
@@ -79,6 +82,7 @@ class TurboQuantIndex(VectorIndex):
         scorer: str = "dense",
         chunk_size: int = 16384,
         query_block: int = 1024,
+        backend: str = "auto",
     ) -> None:
         super().__init__(dim, bits)
         if variant not in VARIANTS:
@@ -91,8 +95,9 @@ class TurboQuantIndex(VectorIndex):
             raise ValueError(f"chunk_size and query_block must be positive, got {chunk_size}, {query_block}")
         self.variant, self.rotation_kind, self.seed = variant, rotation, int(seed)
         self.scorer, self.chunk_size, self.query_block = scorer, int(chunk_size), int(query_block)
+        self.backend = backend
         quantizer_cls = tq.TurboQuantMSE if variant == "mse" else tq.TurboQuantProd
-        self.quantizer = quantizer_cls(self.dim, self.bits, rotation=rotation, seed=self.seed)
+        self.quantizer = quantizer_cls(self.dim, self.bits, rotation=rotation, seed=self.seed, backend=backend)
         self._stages = self._make_stages()
         if scorer == "lut" and not self.supports_lut:
             widths = [stage.decoder.bits for stage in self._stages]
@@ -104,6 +109,17 @@ class TurboQuantIndex(VectorIndex):
     @property
     def name(self) -> str:
         return f"turboquant_{self.variant}"
+
+    @property
+    def encoder(self) -> str:
+        """The encoder ``add`` runs: ``"triton"``, ``"numba"`` (fused CPU encoder) or ``"torch"``.
+
+        For ``variant="prod"`` this is the MSE stage's; the QJL stage is a torch matmul on every backend.
+        """
+        quantizer = self.quantizer if self.variant == "mse" else self.quantizer.mse
+        if quantizer is None or not (quantizer._triton or quantizer._numba):
+            return "torch"
+        return "triton" if quantizer._triton else "numba"
 
     def _array_keys(self) -> tuple[str, ...]:
         return ("codes", "norms") if self.variant == "mse" else ("codes", "norms", "qjl_signs", "residual_norms")
@@ -226,6 +242,7 @@ class TurboQuantIndex(VectorIndex):
             "scorer": self.scorer,
             "chunk_size": self.chunk_size,
             "query_block": self.query_block,
+            "backend": self.backend,
         }
 
     def state_arrays(self) -> dict[str, np.ndarray]:
