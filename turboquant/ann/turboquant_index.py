@@ -18,6 +18,11 @@ with the query transform T_s applied once per query:
 Each stage is scored chunk by chunk with :mod:`turboquant.ann.scoring` — decoding a chunk through a
 byte table and one GEMM with all queries (``scorer="dense"``), or per-query byte lookup tables
 (``scorer="lut"``) — and a running top-k is merged across chunks.
+
+When the quantizer runs the Triton kernels (``device`` a CUDA device with ``backend="auto"``, or
+``backend="triton"``), the codes are copied to the device once and search scores each chunk with the
+quantizer's own ``inner_product`` — the fused Triton scores kernel, which reads the packed codes
+directly — and keeps the running top-k on the device.
 """
 
 from __future__ import annotations
@@ -65,9 +70,10 @@ class TurboQuantIndex(VectorIndex):
             or two queries). Both compute the same scores (to float32 rounding).
         chunk_size: database rows quantized or scored per step (bounds the working memory).
         query_block: queries scored together per step on the dense path.
-        backend: the quantizer's encoder (``TurboQuantMSE``/``TurboQuantProd`` ``backend``): ``"auto"``
-            (the fused numba encoder on the CPU when numba is installed), ``"numba"`` or ``"torch"``
-            (the reference). :attr:`encoder` says which one ``add`` runs.
+        backend: the quantizer's backend (``TurboQuantMSE``/``TurboQuantProd`` ``backend``): ``"auto"``
+            (Triton on CUDA, the fused numba encoder on the CPU when numba is installed), ``"numba"``,
+            ``"triton"`` or ``"torch"`` (the reference). :attr:`encoder` says which one ``add`` runs.
+        device: where the quantizer works (``"cpu"`` or a CUDA device); the stored codes live on the host.
     """
 
     method: ClassVar[str] = "turboquant"
@@ -83,6 +89,7 @@ class TurboQuantIndex(VectorIndex):
         chunk_size: int = 16384,
         query_block: int = 1024,
         backend: str = "auto",
+        device: str | None = None,
     ) -> None:
         super().__init__(dim, bits)
         if variant not in VARIANTS:
@@ -96,14 +103,17 @@ class TurboQuantIndex(VectorIndex):
         self.variant, self.rotation_kind, self.seed = variant, rotation, int(seed)
         self.scorer, self.chunk_size, self.query_block = scorer, int(chunk_size), int(query_block)
         self.backend = backend
+        self.device = torch.device(device if device is not None else "cpu")
         quantizer_cls = tq.TurboQuantMSE if variant == "mse" else tq.TurboQuantProd
-        self.quantizer = quantizer_cls(self.dim, self.bits, rotation=rotation, seed=self.seed, backend=backend)
+        self.quantizer = quantizer_cls(self.dim, self.bits, rotation=rotation, seed=self.seed, backend=backend,
+                                       device=self.device)
         self._stages = self._make_stages()
         if scorer == "lut" and not self.supports_lut:
             widths = [stage.decoder.bits for stage in self._stages]
             raise ValueError(f"scorer='lut' needs code widths dividing 8, got {widths} bits (use scorer='dense')")
         self._blocks: dict[str, list[np.ndarray]] = {key: [] for key in self._array_keys()}
         self._arrays: dict[str, np.ndarray] | None = None
+        self._device_copy: dict[str, torch.Tensor] | None = None  # the stored arrays on the quantizer's device
 
     # ------------------------------------------------------------------ structure
     @property
@@ -120,6 +130,11 @@ class TurboQuantIndex(VectorIndex):
         if quantizer is None or not (quantizer._triton or quantizer._numba):
             return "torch"
         return "triton" if quantizer._triton else "numba"
+
+    @property
+    def kernel_search(self) -> bool:
+        """Whether search scores through the quantizer's ``inner_product`` (the Triton scores kernel)."""
+        return bool(self.quantizer._triton)
 
     def _array_keys(self) -> tuple[str, ...]:
         return ("codes", "norms") if self.variant == "mse" else ("codes", "norms", "qjl_signs", "residual_norms")
@@ -176,9 +191,9 @@ class TurboQuantIndex(VectorIndex):
     # ------------------------------------------------------------------ add
     def _add(self, x: np.ndarray) -> None:
         for start in range(0, x.shape[0], self.chunk_size):
-            qv = self.quantizer.quantize(torch.from_numpy(x[start : start + self.chunk_size]))
+            qv = self.quantizer.quantize(torch.from_numpy(x[start : start + self.chunk_size]).to(self.device))
             self._append(qv)
-        self._arrays = None
+        self._arrays = self._device_copy = None
 
     def _append(self, qv: Any) -> None:
         self._blocks["codes"].append(qv.codes.cpu().numpy())
@@ -193,7 +208,23 @@ class TurboQuantIndex(VectorIndex):
         if self.ntotal == 0:
             raise ValueError("the index is empty: add() vectors before scores()")
         queries = as_float_matrix(queries, self.dim, "queries")
+        if self.kernel_search:
+            query_tensor = torch.from_numpy(queries).to(self.device)
+            return torch.cat([self._kernel_scores(query_tensor, start, min(start + self.chunk_size, self.ntotal))
+                              for start in range(0, self.ntotal, self.chunk_size)], dim=1).cpu().numpy()
         return self._chunk_scores(self._transform(queries), self._stored(), 0, self.ntotal).numpy()
+
+    def _kernel_scores(self, queries: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """(m, stop − start) scores of device queries by the quantizer's ``inner_product`` on device codes."""
+        if self._device_copy is None:
+            self._device_copy = {key: torch.from_numpy(array).to(self.device) for key, array in self._stored().items()}
+        arrays = {key: array[start:stop] for key, array in self._device_copy.items()}
+        quantizer = self.quantizer
+        stored = tq.QuantizedVectors(
+            codes=arrays["codes"], norms=arrays["norms"], qjl_signs=arrays.get("qjl_signs"),
+            residual_norms=arrays.get("residual_norms"), dim=self.dim, bits=self.bits, mse_bits=quantizer.mse_bits,
+            signature=quantizer.signature, dtype=torch.float32)
+        return quantizer.inner_product(queries, stored)
 
     def _transform(self, queries: np.ndarray) -> list[np.ndarray]:
         """Each stage's query transform T_s q, applied once per query."""
@@ -217,6 +248,8 @@ class TurboQuantIndex(VectorIndex):
         return total * torch.from_numpy(arrays["norms"][start:stop].astype(np.float32))
 
     def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.kernel_search:
+            return self._kernel_search(queries, k)
         arrays = self._stored()
         all_scores, all_ids = [], []
         block = self.query_block if self.scorer == "dense" else queries.shape[0]
@@ -231,6 +264,20 @@ class TurboQuantIndex(VectorIndex):
             all_ids.append(best_ids.numpy())
         return np.concatenate(all_scores), np.concatenate(all_ids)
 
+    def _kernel_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k on the quantizer's device, each chunk scored by the Triton scores kernel."""
+        query_tensor = torch.from_numpy(queries).to(self.device)
+        all_scores, all_ids = [], []
+        for q_start in range(0, queries.shape[0], self.query_block):
+            block = query_tensor[q_start : q_start + self.query_block]
+            best_scores = best_ids = None
+            for start in range(0, self.ntotal, self.chunk_size):
+                chunk = self._kernel_scores(block, start, min(start + self.chunk_size, self.ntotal))
+                best_scores, best_ids = merge_top_k(best_scores, best_ids, chunk, start, k)
+            all_scores.append(best_scores.cpu().numpy())
+            all_ids.append(best_ids.cpu().numpy())
+        return np.concatenate(all_scores), np.concatenate(all_ids)
+
     # ------------------------------------------------------------------ persistence
     def config(self) -> dict[str, Any]:
         return {
@@ -243,6 +290,7 @@ class TurboQuantIndex(VectorIndex):
             "chunk_size": self.chunk_size,
             "query_block": self.query_block,
             "backend": self.backend,
+            "device": str(self.device),
         }
 
     def state_arrays(self) -> dict[str, np.ndarray]:
@@ -262,4 +310,4 @@ class TurboQuantIndex(VectorIndex):
             if arrays["codes"].ndim != 2 or arrays["codes"].shape[1] != expected:
                 raise ValueError(f"saved codes have shape {arrays['codes'].shape}, expected (n, {expected})")
             self._blocks = {key: [np.ascontiguousarray(arrays[key])] for key in self._array_keys()}
-        self._arrays = None
+        self._arrays = self._device_copy = None
