@@ -586,7 +586,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
 
 def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
     """Fraction of the byte floor reached by each kernel row (bars), one panel per op."""
-    rows = df[~df["variant"].str.contains("no-lookup|baseline", regex=True)]
+    rows = df[~df["variant"].str.contains("no-lookup|baseline", regex=True)].drop_duplicates(["op", "variant", "size"])
     if rows.empty:
         return []
     from experiments.plotting import figure_style, save_figure
