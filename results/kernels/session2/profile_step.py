@@ -1,11 +1,14 @@
 """Diagnostics for the session-2 H200 run (not part of the repo): where a decode step's time goes; kernel resources."""
-import sys, time
-from functools import partial
+import sys
+import time
+
 import torch
+
 sys.path.insert(0, ".")
-from omegaconf import OmegaConf
 import transformers
-from experiments.kernels import decode_step_model, fill_cache, decode_step
+from omegaconf import OmegaConf
+
+from experiments.kernels import decode_step, decode_step_model, fill_cache
 from turboquant.kvcache import build_cache
 from turboquant.kvcache.fused_attention import build_fused_turboquant_cache
 
@@ -37,7 +40,7 @@ for name in ("full", "workspace", "fused"):
     wall, ev = timed(cache, name == "fused")
     print(f"{name}: wall {wall:.2f} ms/step, events {ev:.2f} ms/step, mem {torch.cuda.memory_allocated()/1e9:.1f} GB "
           f"reserved {torch.cuda.memory_reserved()/1e9:.1f} GB", flush=True)
-    from torch.profiler import profile, ProfilerActivity
+    from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
             decode_step(model, tok, cache, name == "fused")
@@ -48,8 +51,9 @@ for name in ("full", "workspace", "fused"):
     torch.cuda.empty_cache()
 
 # resources of the quantize kernel variants (after the sweep compiled them in this process)
-from turboquant.kernels.quantize import quantize_mse_triton, _quantize_mse_kernel
 import turboquant as tq
+from turboquant.kernels.quantize import _quantize_mse_kernel, quantize_mse_triton
+
 cb = tq.lloyd_max_codebook(128, 4); rot = tq.make_rotation("haar", 128, seed=0, device=dev).matrix()
 x = torch.randn(1 << 20, 128, device=dev, dtype=torch.float16)
 for kw in ({}, {"num_stages": 1}, {"block_n": 32, "num_stages": 2}, {"block_n": 128, "num_warps": 8, "num_stages": 2}, {"block_n": 16, "num_stages": 2}):
@@ -57,10 +61,10 @@ for kw in ({}, {"num_stages": 1}, {"block_n": 32, "num_stages": 2}, {"block_n": 
 torch.cuda.synchronize()
 try:
     caches = _quantize_mse_kernel.device_caches
-    for d, entry in caches.items():
+    for entry in caches.values():
         for key, k in entry[0].items():
             md = k.metadata
             print("quantize kernel:", "block_n", [c for c in str(key).split(",") if "BLOCK_N" in c][:1], "warps", md.num_warps, "stages", md.num_stages,
                   "regs", k.n_regs, "spills", k.n_spills, "shared", md.shared)
-except Exception as exc:
+except Exception as exc:  # noqa: BLE001 - a diagnostic: report and go on
     print("no resource report:", repr(exc))
