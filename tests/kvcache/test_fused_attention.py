@@ -40,12 +40,13 @@ def greedy(model, ids, cache, fused: bool):
     return torch.stack(logits), torch.cat(tokens, dim=-1)
 
 
-@pytest.mark.parametrize("options", [
-    {"key_bits": 4, "value_bits": 4},                                       # every token quantized at once
-    {"key_bits": 3, "value_bits": 2, "residual_length": 16, "center_keys": True},  # 16-bit window + key mean restored
+@pytest.mark.parametrize("options, batch", [
+    ({"key_bits": 4, "value_bits": 4}, 1),                                          # every token quantized at once
+    ({"key_bits": 3, "value_bits": 2, "residual_length": 16, "center_keys": True}, 1),  # window + key mean restored
+    ({"key_bits": 4, "value_bits": 3, "boundary_layers": 1, "rotation": "hadamard"}, 2),  # fp16 layers 0 and 2
 ])
-def test_fused_matches_workspace_path(tiny_model, prompt_ids, options):
-    ids = prompt_ids[:, :PROMPT]
+def test_fused_matches_workspace_path(tiny_model, prompt_ids, options, batch):
+    ids = torch.cat([prompt_ids[:, :PROMPT], prompt_ids[:, 150:150 + PROMPT]])[:batch]
     reference = build_cache("turboquant", tiny_model.config, **options)
     fused = build_fused_turboquant_cache(tiny_model.config, **options)
     ref_logits, ref_tokens = greedy(tiny_model, ids, reference, fused=False)
@@ -61,11 +62,14 @@ def test_fused_matches_workspace_path(tiny_model, prompt_ids, options):
         got_logits, got_tokens = greedy(tiny_model, ids, fused, fused=True)
     finally:
         FusedTurboQuantLayer._packed_attention = original
-    assert len(calls) == STEPS * tiny_model.config.num_hidden_layers  # every decode step went through the kernel
+    quantized_layers = sum(isinstance(layer, FusedTurboQuantLayer) for layer in fused.layers)
+    assert quantized_layers == tiny_model.config.num_hidden_layers - 2 * options.get("boundary_layers", 0)
+    assert len(calls) == STEPS * quantized_layers  # every decode step of a quantized layer went through the kernel
     assert torch.equal(got_tokens, ref_tokens)
     assert relative_error(got_logits, ref_logits) < 5e-3  # fp16 operands in the kernel vs float32 workspace
     assert fused.nbytes() == reference.nbytes() == fused.expected_nbytes()
-    assert all(layer.key_stream.workspace is None for layer in fused.layers)  # nothing materialised
+    assert all(layer.key_stream.workspace is None for layer in fused.layers
+               if isinstance(layer, FusedTurboQuantLayer))  # nothing materialised
 
 
 def test_padded_batch_takes_the_torch_path(tiny_model, prompt_ids):
