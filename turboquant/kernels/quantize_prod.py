@@ -22,8 +22,21 @@ import torch
 import triton
 import triton.language as tl
 
-from ._layout import check_device, group_geometry, num_groups, packed_row_bytes, pow2_at_least, store_group_words
-from .quantize import _as_numpy, _check_inputs, _nearest_centroid, nearest_centroid_table, stream_rotation
+from ._layout import (
+    check_device,
+    group_geometry,
+    num_groups,
+    packed_row_bytes,
+    pow2_at_least,
+    store_group_words,
+)
+from .quantize import (
+    _as_numpy,
+    _check_inputs,
+    _nearest_centroid,
+    nearest_centroid_table,
+    stream_rotation,
+)
 
 _MAX_DIM = 256
 
