@@ -26,11 +26,11 @@ import os
 import torch
 
 __all__ = [
-    "triton_available",
+    "decode_attention_triton",
+    "mse_scores_triton",
     "quantize_mse_triton",
     "quantize_prod_triton",
-    "mse_scores_triton",
-    "decode_attention_triton",
+    "triton_available",
 ]
 
 
