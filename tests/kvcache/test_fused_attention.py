@@ -103,3 +103,14 @@ def test_attention_implementation_is_restored(tiny_model):
     with fused_decode(tiny_model, cache):
         assert tiny_model.config._attn_implementation == "turboquant_fused"
     assert tiny_model.config._attn_implementation == before
+
+
+def test_a_step_no_attention_function_read_fails_loudly(tiny_model, prompt_ids):
+    """If the model's attention bypasses the registered function, the unread packed part raises, never silently
+    attending over the window alone."""
+    cache = build_fused_turboquant_cache(tiny_model.config)
+    with torch.no_grad():
+        tiny_model(prompt_ids[:, :20], cache=cache)
+        with pytest.raises(RuntimeError, match="never read the packed cache"), fused_decode(tiny_model, cache):
+            tiny_model.set_attn_implementation("sdpa")  # as a model with its own attention dispatch would
+            tiny_model(prompt_ids[:, 20:21], cache=cache)

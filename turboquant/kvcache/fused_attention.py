@@ -131,7 +131,7 @@ class FusedTurboQuantLayer(TurboQuantLayer):
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode steps under :func:`fused_decode`: write the token, return only the exact part (window + new
         token) and leave the packed part to the attention function; anything else: the parent's update."""
-        self.pending = None
+        _check_consumed(self)
         deferred = (self.is_initialized and self.fused and self.defer_attention and key_states.shape[-2] == 1
                     and self.stored_tokens() > 0)
         if not deferred:
@@ -196,6 +196,16 @@ class FusedTurboQuantLayer(TurboQuantLayer):
         keys = self.key_stream.encoder.decode(step.key_fields).to(step.exact_keys.dtype)
         values = self.value_stream.encoder.decode(step.value_fields).to(step.exact_values.dtype)
         return torch.cat([keys, step.exact_keys], dim=-2), torch.cat([values, step.exact_values], dim=-2)
+
+
+def _check_consumed(layer: FusedTurboQuantLayer) -> None:
+    """RuntimeError if a deferred step's packed part was never attended to: the model's attention did not call
+    :func:`fused_attention_forward` (a model that does not dispatch through transformers' AttentionInterface)."""
+    if layer.pending is not None:
+        layer.pending = None
+        raise RuntimeError(f"layer {layer.layer_idx}: the attention function {FUSED_ATTENTION!r} never read the "
+                           "packed cache of the last decode step; this model's attention does not dispatch "
+                           "through transformers' AttentionInterface, so the fused path cannot serve it")
 
 
 def _torch_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -267,6 +277,8 @@ def fused_decode(model: torch.nn.Module, cache: CompressedCache) -> Iterator[Com
         layer.defer_attention = True
     try:
         yield cache
+        for layer in fused_layers:
+            _check_consumed(layer)
     finally:
         for layer in fused_layers:
             layer.defer_attention = False
