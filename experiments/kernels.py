@@ -198,7 +198,7 @@ def bench_quantize(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[
         moved = x.numel() * x.element_size() + n * (-(-dim * bits // 8) + 2)
         for name, variant in chosen.items():
             kw = kernel_kwargs(variant)
-            check = "diagnostic (no nearest-centroid step)" if kw.get("nearest") == "none" else check_quantize(
+            check = "diagnostic (no nearest-centroid step)" if not kw.get("lookup", True) else check_quantize(
                 torch.randn(min(n, 1 << 16), dim, device=bench.device).to(dtype) * 3, rot, cb, bits, **kw)
             t = bench.timer(partial(quantize_mse_triton, x, rot, cb.boundaries, bits, norms_dtype=torch.float16, **kw))
             rows.append(Row("quantize", f"b={bits} {str(dtype)[6:]} {name}", f"{n}x{dim}", t, moved,

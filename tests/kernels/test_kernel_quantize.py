@@ -99,16 +99,3 @@ def test_bad_inputs_raise(device):
         quantize_mse_triton(torch.ones(2, 16, device=device), rotation, tq.lloyd_max_codebook(16, 5).boundaries, 5)
 
 
-
-@pytest.mark.parametrize("dim, bits", [(128, 4), (40, 3), (300, 2)])
-def test_compare_variant_matches_reference(device, generator, dim, bits):
-    """nearest="compare" (count the midpoints below y) gives the reference codes, on the resident and chunked paths."""
-    cb = tq.lloyd_max_codebook(dim, bits)
-    rotation = tq.make_rotation("haar", dim, seed=3).matrix().to(device)
-    x = (3 * torch.randn(37, dim, generator=generator)).to(torch.float16).to(device)
-    codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, bits, nearest="compare")
-    ref_codes, ref_norms, y = quantize_mse_reference(x, rotation, cb.boundaries, bits)
-    assert_codes_match(codes, ref_codes, y, cb.boundaries, bits, dim)
-    torch.testing.assert_close(norms.double(), ref_norms, rtol=1e-6, atol=0)
-    with pytest.raises(ValueError, match="nearest"):
-        quantize_mse_triton(x, rotation, cb.boundaries, bits, nearest="bisect")

@@ -40,7 +40,6 @@ from ._layout import (
 _MAGIC = 12582912.0  # 1.5 * 2**23: adding it to 0 <= u < 2**22 leaves round(u) in the low mantissa bits
 _CODE_BITS = 4       # low mantissa bits of a table entry holding the base code (bits <= 4)
 _ABOVE_ALL = 4.0     # "no midpoint in this cell": larger than any |y_j| <= 1
-NEAREST_METHODS = {"table": 0, "compare": 1, "none": 2}
 
 
 def _as_numpy(values: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -88,31 +87,25 @@ def _nearest_centroid(y, table_ptr, lut_scale, lut_offset, LUT_MASK: tl.constexp
 
 
 @triton.jit
-def _codes(y, table_ptr, bnd_ptr, lut_scale, lut_offset, LUT_MASK: tl.constexpr, NEAREST: tl.constexpr,
-           N_BOUNDS: tl.constexpr):
-    """Codes of ``y`` by NEAREST: 0 = the cell table (one gather per coordinate, see the module docstring),
-    1 = counting the midpoints below ``y`` (N_BOUNDS compares per coordinate, midpoints read once per call as
-    scalars: no per-coordinate memory access), 2 = no nearest-centroid step at all (wrong codes; benchmark
-    attribution only)."""
-    if NEAREST == 0:
+def _codes(y, table_ptr, lut_scale, lut_offset, LUT_MASK: tl.constexpr, LOOKUP: tl.constexpr,
+           CODE_MASK: tl.constexpr):
+    """Codes of ``y`` through the cell table; ``LOOKUP=False`` skips the table (wrong codes: the low bits of
+    the cell index), which the benchmark uses to attribute time to the nearest-centroid step."""
+    if LOOKUP:
         idx = _nearest_centroid(y, table_ptr, lut_scale, lut_offset, LUT_MASK)
-    elif NEAREST == 1:
-        idx = tl.zeros(y.shape, dtype=tl.int32)
-        for k in tl.static_range(N_BOUNDS):
-            idx += (y > tl.load(bnd_ptr + k)).to(tl.int32)
     else:
-        idx = (y * lut_scale + lut_offset).to(tl.int32, bitcast=True) & N_BOUNDS
+        idx = (y * lut_scale + lut_offset).to(tl.int32, bitcast=True) & CODE_MASK
     return idx
 
 
 @triton.jit
 def _quantize_mse_kernel(
-    x_ptr, rot_ptr, table_ptr, bnd_ptr, codes_ptr, norms_ptr,
+    x_ptr, rot_ptr, table_ptr, codes_ptr, norms_ptr,
     n_rows, dim, row_bytes, n_groups, groups_padded, stride_x, stride_codes,
     lut_scale, lut_offset,
     BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, LUT_MASK: tl.constexpr,
-    SINGLE_K: tl.constexpr, RESIDENT: tl.constexpr, NEAREST: tl.constexpr, N_BOUNDS: tl.constexpr,
+    SINGLE_K: tl.constexpr, RESIDENT: tl.constexpr, LOOKUP: tl.constexpr, CODE_MASK: tl.constexpr,
 ):
     """Persistent grid over tiles of BLOCK_N rows.
 
@@ -154,25 +147,23 @@ def _quantize_mse_kernel(
             x_unit = inv_norm  # placeholder: the chunked path re-reads x for every K chunk
         code_rows = codes_ptr + rows.to(tl.int64) * stride_codes
         if RESIDENT:
-            even = _codes(tl.dot(x_unit, rot_even), table_ptr, bnd_ptr, lut_scale, lut_offset, LUT_MASK, NEAREST,
-                          N_BOUNDS)
-            odd = _codes(tl.dot(x_unit, rot_odd), table_ptr, bnd_ptr, lut_scale, lut_offset, LUT_MASK, NEAREST,
-                         N_BOUNDS)
+            even = _codes(tl.dot(x_unit, rot_even), table_ptr, lut_scale, lut_offset, LUT_MASK, LOOKUP, CODE_MASK)
+            odd = _codes(tl.dot(x_unit, rot_odd), table_ptr, lut_scale, lut_offset, LUT_MASK, LOOKUP, CODE_MASK)
             odd = tl.where((g_all * 2 + 1 < dim)[None, :], odd, 0)
             store_group_words(code_rows, row_mask, g_all, row_bytes, even | (odd << BITS), BYTES_PER_GROUP)
         else:
-            _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, table_ptr, bnd_ptr, dim,
+            _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, table_ptr, dim,
                              row_bytes, n_groups, groups_padded, lut_scale, lut_offset,
                              BITS, BYTES_PER_GROUP, CODES_PER_GROUP, BLOCK_N, BLOCK_K, BLOCK_G, LUT_MASK, SINGLE_K,
-                             NEAREST, N_BOUNDS)
+                             LOOKUP, CODE_MASK)
 
 
 @triton.jit
-def _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, table_ptr, bnd_ptr, dim, row_bytes,
+def _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, table_ptr, dim, row_bytes,
                      n_groups, groups_padded, lut_scale, lut_offset,
                      BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, LUT_MASK: tl.constexpr,
-                     SINGLE_K: tl.constexpr, NEAREST: tl.constexpr, N_BOUNDS: tl.constexpr):
+                     SINGLE_K: tl.constexpr, LOOKUP: tl.constexpr, CODE_MASK: tl.constexpr):
     """Codes of one tile of rows, BLOCK_G groups at a time, re-reading the rotation slices (any width)."""
     k_offs = tl.arange(0, BLOCK_K)
     for g0 in range(0, n_groups, BLOCK_G):
@@ -191,7 +182,7 @@ def _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, tab
                                  mask=row_mask[:, None] & (kk < dim)[None, :], other=0.0).to(tl.float32)
                     rot = tl.load(rot_k + kk[:, None] * groups_padded, mask=kk[:, None] < dim, other=0.0)
                     y = tl.dot((xk * inv_norm[:, None]).to(tl.float16), rot, y)
-            codes = _codes(y, table_ptr, bnd_ptr, lut_scale, lut_offset, LUT_MASK, NEAREST, N_BOUNDS)
+            codes = _codes(y, table_ptr, lut_scale, lut_offset, LUT_MASK, LOOKUP, CODE_MASK)
             codes = tl.where((g_offs * CODES_PER_GROUP + k < dim)[None, :], codes, 0)
             words = words | (codes << (BITS * k))
         store_group_words(code_rows, row_mask, g_offs, row_bytes, words, BYTES_PER_GROUP)
@@ -231,7 +222,7 @@ def quantize_mse_triton(
     num_warps: int = 4,
     num_stages: int = 3,
     programs_per_sm: int = 4,
-    nearest: str = "table",
+    lookup: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TurboQuant_mse codes and norms of ``x`` (..., dim) in one kernel.
 
@@ -243,9 +234,7 @@ def quantize_mse_triton(
         norms_dtype: dtype of the stored norms (float32 as the library, float16 for a compact cache).
         block_n, num_warps, num_stages, programs_per_sm: tuning (rows per tile, warps, software-pipeline
             depth of the row loads, persistent programs per SM).
-        nearest: how codes are found: "table" (one cell-table gather per coordinate), "compare" (count the
-            2^b - 1 midpoints below each coordinate, no per-coordinate memory access), or "none" (skips the
-            step, wrong codes: benchmark attribution only). Measured: ``benchmarks/NOTES.md``.
+        lookup: False skips the nearest-centroid step and returns wrong codes (benchmark attribution only).
 
     Returns:
         ``(codes, norms)``: uint8 (..., ceil(dim * bits / 8)) in the library's packed layout, and
@@ -266,11 +255,8 @@ def quantize_mse_triton(
     norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
     if n_rows == 0:
         return codes.reshape(*lead_shape, row_bytes), norms.reshape(lead_shape)
-    if nearest not in NEAREST_METHODS:
-        raise ValueError(f"nearest must be one of {tuple(NEAREST_METHODS)}, got {nearest!r}")
     table, lut_scale, lut_offset = nearest_centroid_table(boundaries)
     table = table.to(x.device)
-    bounds = torch.as_tensor(_as_numpy(boundaries), dtype=torch.float32, device=x.device)
     groups = num_groups(dim, bits)
     # Rows wider than 128 take the K-loop path: a single 256-wide tile with its rotation slices needs up to
     # 303 KB of shared memory on sm_90 (limit 227 KB; measured on the H200 at d = 129..256, 2-3 bits).
@@ -284,13 +270,13 @@ def quantize_mse_triton(
     else:
         grid = (n_tiles,)
     _quantize_mse_kernel[grid](
-        rows, stream_rotation(rotation_matrix, bits, groups_padded), table, bounds, codes, norms,
+        rows, stream_rotation(rotation_matrix, bits, groups_padded), table, codes, norms,
         n_rows, dim, row_bytes, groups, groups_padded, rows.stride(0), codes.stride(0),
         lut_scale, lut_offset,
         BITS=bits, BYTES_PER_GROUP=bytes_per_group, CODES_PER_GROUP=codes_per_group,
         BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_G=block_g, LUT_MASK=table.numel() - 1,
         SINGLE_K=dim <= block_k, RESIDENT=dim <= block_k and codes_per_group == 2 and groups <= block_g,
-        NEAREST=NEAREST_METHODS[nearest], N_BOUNDS=2 ** bits - 1,
+        LOOKUP=lookup, CODE_MASK=2 ** bits - 1,
         num_warps=num_warps, num_stages=num_stages,
     )
     return codes.reshape(*lead_shape, row_bytes), norms.reshape(lead_shape)
