@@ -20,5 +20,5 @@ def test_unsupported_bits_raise(bits):
 @pytest.mark.parametrize("bits", [1, 2, 3, 4])
 def test_row_bytes_match_library_packing(dim, bits):
     assert packed_row_bytes(dim, bits) == packed_size(dim, bits)
-    bytes_per_group, codes_per_group = group_geometry(bits)
+    _, codes_per_group = group_geometry(bits)
     assert num_groups(dim, bits) * codes_per_group >= dim > (num_groups(dim, bits) - 1) * codes_per_group

@@ -3,7 +3,10 @@ import pytest
 import torch
 
 import turboquant as tq
-from turboquant.kernels.quantize_prod import quantize_prod_reference, quantize_prod_triton
+from turboquant.kernels.quantize_prod import (
+    quantize_prod_reference,
+    quantize_prod_triton,
+)
 
 TIE = 2e-3
 
