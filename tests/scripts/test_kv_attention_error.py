@@ -1,0 +1,53 @@
+"""scripts/kv_attention_error.py on a tiny random Llama: exact caches read back exactly, quantizers do not."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from experiments.kv_generation import KVMethod
+from tests.kvcache.tiny_llama import tiny_llama_config
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kv_attention_error.py"
+spec = importlib.util.spec_from_file_location("kv_attention_error", SCRIPT)
+kv_attention_error = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kv_attention_error)
+
+
+@pytest.fixture(scope="module")
+def captured():
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(tiny_llama_config()).eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, 96))
+    return model, kv_attention_error.capture(model, ids, n_queries=16)
+
+
+def test_capture_matches_the_models_own_attention_shapes(captured) -> None:
+    model, layers = captured
+    assert len(layers) == model.config.num_hidden_layers
+    head_dim = model.config.head_dim
+    assert layers[0]["keys"].shape == (1, model.config.num_key_value_heads, 96, head_dim)
+    assert layers[0]["queries"].shape == (1, model.config.num_attention_heads, 16, head_dim)
+
+
+def test_full_cache_reads_back_exactly_and_quantizers_err_with_fewer_bits(captured) -> None:
+    model, layers = captured
+    full = kv_attention_error.layer_errors(model, layers, KVMethod("full", "Full", "full", {}))
+    assert all(row["output_error"] < 1e-3 and row["key_error"] < 1e-3 for row in full)  # fp16 storage only
+    errors = {
+        bits: sum(r["output_error"] for r in kv_attention_error.layer_errors(
+            model, layers, KVMethod("tq", "TQ", "turboquant", {"bits": bits, "seed": 0})))
+        for bits in (2, 4)
+    }
+    assert 0 < errors[4] < errors[2]
+
+
+def test_eviction_methods_are_refused(captured) -> None:
+    model, layers = captured
+    snap = KVMethod("snapkv", "SnapKV", "snapkv", {"budget": 16, "window_size": 8})
+    with pytest.raises(Exception):  # noqa: B017 - eviction needs the prefill's query hooks or refuses the length
+        kv_attention_error.layer_errors(model, layers, snap)
