@@ -32,10 +32,17 @@ and ``memory_ratio = nbytes / reference_nbytes`` (0.25 = "25% of the full cache"
 ``compression_ratio = 1 / memory_ratio``, ``bits_per_value = 16 * memory_ratio``. Each subclass states its
 closed-form ``nbytes`` formula in its docstring and implements it in ``expected_nbytes()``; the tests check
 that the measured bytes equal the formula.
+
+Growth. Stored tensors grow token by token in :class:`TokenBuffer` s (amortised O(1) per appended token instead
+of a ``torch.cat`` copy of the whole store), which keep some spare capacity. ``nbytes()`` counts the filled part
+only: the memory the method needs, the quantity every ratio uses. ``allocated_nbytes()`` is the memory the
+buffers hold, spare capacity included (``>= nbytes()``; the slack is an implementation detail, bounded in
+:class:`TokenBuffer`'s docstring, and enters no ratio).
 """
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from typing import Any
 
@@ -48,6 +55,82 @@ REFERENCE_BYTES_PER_VALUE = 2  # the model's 16-bit (fp16 / bf16) cache
 def tensor_nbytes(*tensors: torch.Tensor | None) -> int:
     """Total ``element_size * numel`` of the given tensors (``None`` counts 0)."""
     return sum(t.element_size() * t.numel() for t in tensors if t is not None)
+
+
+class TokenBuffer:
+    """An append-only tensor that grows along the token axis (dim 2) at amortised O(1) cost per appended row.
+
+    KV caches grow by one token per decode step; ``torch.cat`` onto the stored tensor copies all ``T`` stored
+    rows every step (O(T) per step, O(T^2) per generation). Here the rows live in a preallocated *storage*
+    whose token axis has spare capacity: an append copies only the new rows into the free slots, and when
+    they run out the storage is reallocated at ``capacity = max(ceil(growth * needed), needed + min_rows)``
+    and the filled rows copied once. Each reallocation at ``L`` filled rows leaves at least ``(growth - 1) L``
+    free slots, so over ``T`` appended rows the reallocations copy at most ``T / (growth - 1)`` rows in
+    total: O(1) amortised per row (4 at the default ``growth = 1.25``).
+
+    The growth factor trades copies for idle memory: the allocated capacity is at most
+    ``max(growth * needed, needed + min_rows)`` rows, so the slack stays within 25% of the stored rows plus
+    ``min_rows`` (capacity doubling, ``growth = 2``, would allow up to 100% for one extra copy per row; a
+    compressed KV cache exists to save memory, so the default keeps the slack small).
+
+    :attr:`tensor` is a view of the filled rows, ``storage[:, :, :length]``: exactly what ``torch.cat`` of
+    the appended chunks would hold (dtype, shape, values; strided along dims 0-1 rather than contiguous, with
+    the last dim contiguous). Rows are never written twice, so a view taken earlier keeps its values after
+    later appends. Byte accounting counts the filled rows (:meth:`nbytes`); the capacity is reported
+    separately (:meth:`allocated_nbytes`).
+    """
+
+    TOKEN_DIM = 2
+
+    def __init__(self, growth: float = 1.25, min_rows: int = 64) -> None:
+        if growth <= 1 or min_rows < 1:
+            raise ValueError(f"need growth > 1 and min_rows >= 1, got growth={growth}, min_rows={min_rows}")
+        self.growth, self.min_rows = growth, min_rows
+        self.storage: torch.Tensor | None = None
+        self.length = 0
+
+    @property
+    def tensor(self) -> torch.Tensor | None:
+        """The filled rows (``None`` before the first append)."""
+        return None if self.storage is None else self.storage.narrow(self.TOKEN_DIM, 0, self.length)
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.storage is None else self.storage.shape[self.TOKEN_DIM]
+
+    def append(self, rows: torch.Tensor) -> torch.Tensor:
+        """Write ``rows`` after the filled ones (same dtype, device and shape except dim 2); returns :attr:`tensor`."""
+        if rows.dim() <= self.TOKEN_DIM:
+            raise ValueError(f"expected a tensor with a token axis at dim {self.TOKEN_DIM}, got shape {tuple(rows.shape)}")
+        if self.storage is not None:
+            expected = self.storage.shape[: self.TOKEN_DIM] + self.storage.shape[self.TOKEN_DIM + 1:]
+            got = rows.shape[: self.TOKEN_DIM] + rows.shape[self.TOKEN_DIM + 1:]
+            if got != expected or rows.dtype != self.storage.dtype or rows.device != self.storage.device:
+                raise ValueError(f"cannot append rows of shape {tuple(rows.shape)} {rows.dtype} on {rows.device} to "
+                                 f"a buffer of {tuple(self.storage.shape)} {self.storage.dtype} on {self.storage.device}")
+        needed = self.length + rows.shape[self.TOKEN_DIM]
+        if needed > self.capacity:
+            self._reallocate(rows, needed)
+        self.storage.narrow(self.TOKEN_DIM, self.length, rows.shape[self.TOKEN_DIM]).copy_(rows)
+        self.length = needed
+        return self.tensor
+
+    def _reallocate(self, rows: torch.Tensor, needed: int) -> None:
+        capacity = max(math.ceil(self.growth * needed), needed + self.min_rows)
+        shape = list(rows.shape)
+        shape[self.TOKEN_DIM] = capacity
+        storage = torch.empty(shape, dtype=rows.dtype, device=rows.device)
+        if self.length:
+            storage.narrow(self.TOKEN_DIM, 0, self.length).copy_(self.tensor)
+        self.storage = storage
+
+    def nbytes(self) -> int:
+        """Bytes of the filled rows (what is stored)."""
+        return tensor_nbytes(self.tensor)
+
+    def allocated_nbytes(self) -> int:
+        """Bytes of the whole storage, spare capacity included."""
+        return tensor_nbytes(self.storage)
 
 
 def storage_dtype_for(compute_dtype: torch.dtype, requested: torch.dtype | None) -> torch.dtype:
@@ -162,6 +245,11 @@ class CompressedLayer(CacheLayerMixin):
     def expected_nbytes(self) -> int:
         """The closed-form byte formula of the class docstring, evaluated on the current token counts."""
 
+    def allocated_nbytes(self) -> int:
+        """Bytes held for the stored tensors, spare capacity of growing buffers included (``>= nbytes()``);
+        layers without growing buffers hold exactly what they store."""
+        return self.nbytes()
+
     # ----------------------------------------------------------------- accounting
     def reference_nbytes(self) -> int:
         """Bytes of the model's 16-bit cache holding the same seen tokens (K and V)."""
@@ -201,6 +289,10 @@ class CompressedCache(Cache):
     def expected_nbytes(self) -> int:
         """Sum of each layer's closed-form byte formula (equals ``nbytes()``; checked in tests)."""
         return sum(layer.expected_nbytes() for layer in self.layers)
+
+    def allocated_nbytes(self) -> int:
+        """Bytes the layers hold, the growing buffers' spare capacity included (not part of any ratio)."""
+        return sum(layer.allocated_nbytes() for layer in self.layers)
 
     def reference_nbytes(self) -> int:
         """Bytes of the model's 16-bit cache of the same tokens."""

@@ -9,8 +9,12 @@ handed to an :class:`Encoder` and stored as packed fields:
 - ``"sliding"`` (KIVI values): the ``R`` most recent tokens stay in 16 bits, older ones are quantized one by
   one as they leave the window.
 
-The stored fields are tensors whose dim 2 is the token (or token-group) axis, concatenated chunk by chunk.
-On the torch path, each flushed chunk is decoded once into a *workspace* that attention reads; it is computed
+The stored fields are tensors whose dim 2 is the token (or token-group) axis; each lives in a
+:class:`~turboquant.kvcache.base.TokenBuffer`, so appending a flushed chunk copies that chunk only (amortised
+O(1) per token) and ``fields`` are views equal to the concatenation of every chunk's fields. The 16-bit residual
+holds at most ``R`` tokens (plus the tokens of the current write) and is re-concatenated per write: O(R), not
+O(T). On the torch path, each flushed chunk is decoded once into a *workspace* that attention reads (a growing
+buffer too); it is computed
 from the stored fields (never from the original inputs), so it equals decoding the whole store at every
 step (``keep_workspace=False`` does exactly that; the tests check both agree bit for bit). The workspace is
 an artefact of materialising keys for a stock attention function and is not counted in ``nbytes``: a fused
@@ -20,11 +24,11 @@ decode kernel (``turboquant.kernels`` on CUDA) reads the packed fields directly.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-from turboquant.kvcache.base import CompressedLayer, tensor_nbytes
+from turboquant.kvcache.base import CompressedLayer, TokenBuffer, tensor_nbytes
 
 FLUSH_POLICIES = ("block", "sliding")
 Fields = dict[str, torch.Tensor]
@@ -86,11 +90,21 @@ class QuantizedStream:
         self.compute_dtype = compute_dtype
         self.keep_workspace = keep_workspace
         self.decode_fn = decode_fn or (lambda encoder, fields: encoder.decode(fields))
-        self.fields: Fields | None = None
+        self.field_buffers: dict[str, TokenBuffer] = {}
+        self.workspace_buffer = TokenBuffer()
         self.residual: torch.Tensor | None = None
-        self.workspace: torch.Tensor | None = None
         self.quantized_tokens = 0
         self._prepared = False
+
+    @property
+    def fields(self) -> Fields | None:
+        """The packed store: every field's stored rows (views of its buffer); ``None`` before the first flush."""
+        return {name: buffer.tensor for name, buffer in self.field_buffers.items()} or None
+
+    @property
+    def workspace(self) -> torch.Tensor | None:
+        """The decoded quantized tokens in the compute dtype (``None`` without a workspace or before a flush)."""
+        return self.workspace_buffer.tensor
 
     @property
     def residual_tokens(self) -> int:
@@ -112,13 +126,15 @@ class QuantizedStream:
             return
         chunk, self.residual = self.residual[:, :, :flush], self.residual[:, :, flush:]
         fields = self.encoder.encode(chunk.float())
-        self.fields = fields if self.fields is None else {
-            name: torch.cat([self.fields[name], value], dim=2) for name, value in fields.items()
-        }
+        if not self.field_buffers:
+            self.field_buffers = {name: TokenBuffer() for name in fields}
+        if fields.keys() != self.field_buffers.keys():
+            raise ValueError(f"the encoder returned fields {sorted(fields)}, the store holds {sorted(self.field_buffers)}")
+        for name, value in fields.items():
+            self.field_buffers[name].append(value)
         self.quantized_tokens += flush
         if self.keep_workspace:
-            decoded = self.decode_fn(self.encoder, fields).to(self.compute_dtype)
-            self.workspace = decoded if self.workspace is None else torch.cat([self.workspace, decoded], dim=-2)
+            self.workspace_buffer.append(self.decode_fn(self.encoder, fields).to(self.compute_dtype))
 
     def read(self) -> torch.Tensor:
         """All stored tokens, decoded, oldest first, in the compute dtype."""
@@ -130,12 +146,17 @@ class QuantizedStream:
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
     def packed_nbytes(self) -> int:
-        """Bytes of the quantized fields only."""
-        return tensor_nbytes(*self.fields.values()) if self.fields else 0
+        """Bytes of the quantized fields only (their stored rows)."""
+        return sum(buffer.nbytes() for buffer in self.field_buffers.values())
 
     def nbytes(self) -> int:
         """Stored bytes: packed fields + 16-bit residual + the encoder's side information."""
         return self.packed_nbytes() + tensor_nbytes(self.residual) + self.encoder.side_nbytes()
+
+    def allocated_nbytes(self) -> int:
+        """``nbytes()`` with the field buffers' spare capacity (the workspace is excluded, as from ``nbytes``)."""
+        packed = sum(buffer.allocated_nbytes() for buffer in self.field_buffers.values())
+        return packed + tensor_nbytes(self.residual) + self.encoder.side_nbytes()
 
 
 class StreamLayer(CompressedLayer):
@@ -160,3 +181,6 @@ class StreamLayer(CompressedLayer):
 
     def nbytes(self) -> int:
         return self.key_stream.nbytes() + self.value_stream.nbytes() if self.is_initialized else 0
+
+    def allocated_nbytes(self) -> int:
+        return self.key_stream.allocated_nbytes() + self.value_stream.allocated_nbytes() if self.is_initialized else 0
