@@ -3,10 +3,19 @@
 Each prompt gets a fresh cache from :func:`turboquant.kvcache.build_cache` (caches hold one
 conversation), attached to the model for the eviction methods' query hooks, and the cache's own byte
 accounting is returned with the text so every row records the memory it really used.
+
+Attention path. A TurboQuant cache whose configuration the Triton decode kernel serves, on a device where it
+runs (CUDA, or any device under ``TRITON_INTERPRET=1``), is built with ``fused_decode=True`` and generation
+runs inside :func:`turboquant.kvcache.fused_attention.fused_decode`: decode steps read the packed codes. Every
+other case (another method, a configuration the kernel does not implement, no Triton on the device) runs the
+model's own attention over what the cache returns. A method's ``fused_decode`` option, when given, decides
+instead (``True`` never falls back: an unsupported configuration raises). ``Generation.attention_path`` records
+which path ran, so result rows say it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -18,7 +27,13 @@ import torch
 
 from experiments.io import config_to_dict
 from experiments.models import LoadedModel
-from turboquant.kvcache import attach, build_cache
+from turboquant.kvcache import CompressedCache, attach, build_cache
+from turboquant.kvcache.fused_attention import (
+    FusedTurboQuantLayer,
+    attention_path,
+    fused_decode,
+    fused_decode_unavailable,
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +47,7 @@ class Generation:
     memory_ratio: float
     bits_per_value: float
     compression_ratio: float
+    attention_path: str  # "fused" (decode steps read the packed store in the kernel) or "workspace"
 
 
 @dataclass(frozen=True)
@@ -55,7 +71,7 @@ class KVMethod:
         """Whether the cache draws random state (a rotation, a QJL matrix) from ``options["seed"]``."""
         return "seed" in self.options
 
-    def with_seed(self, seed: int) -> "KVMethod":
+    def with_seed(self, seed: int) -> KVMethod:
         """The same method with its random state drawn from ``seed`` (only for randomized methods)."""
         if not self.randomized:
             raise ValueError(f"method {self.key!r} has no random state (no 'seed' option)")
@@ -112,7 +128,7 @@ def generate_with_cache(
     """Prefill ``input_ids`` (1, n) and decode greedily with a fresh ``cache_method`` cache."""
     model, tokenizer = loaded.model, loaded.tokenizer
     input_ids = input_ids.to(next(model.parameters()).device)
-    cache = build_cache(cache_method, model.config, **dict(options))
+    cache = cache_for_device(cache_method, model.config, options, input_ids.device)
     extra: dict[str, Any] = {}
     if eos_token_ids:
         extra["eos_token_id"] = list(eos_token_ids)
@@ -121,7 +137,8 @@ def generate_with_cache(
     if stopping_criteria is not None:
         extra["stopping_criteria"] = stopping_criteria
     start = time.perf_counter()
-    with attach(model, cache):
+    fused = any(isinstance(layer, FusedTurboQuantLayer) for layer in cache.layers)
+    with attach(model, cache), fused_decode(model, cache) if fused else contextlib.nullcontext():
         output = model.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
@@ -144,4 +161,15 @@ def generate_with_cache(
         memory_ratio=float(cache.memory_ratio()),
         bits_per_value=float(cache.bits_per_value()),
         compression_ratio=float(cache.compression_ratio()),
+        attention_path=attention_path(cache),
     )
+
+
+def cache_for_device(cache_method: str, model_config: Any, options: Mapping[str, Any],
+                     device: torch.device) -> CompressedCache:
+    """A fresh ``cache_method`` cache; a TurboQuant cache the kernel serves on ``device`` with ``fused_decode=True``
+    unless ``options`` set ``fused_decode`` themselves (module docstring)."""
+    cache = build_cache(cache_method, model_config, **dict(options))
+    if "fused_decode" in options or fused_decode_unavailable(cache, device) is not None:
+        return cache
+    return build_cache(cache_method, model_config, **dict(options), fused_decode=True)

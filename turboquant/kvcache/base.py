@@ -64,14 +64,15 @@ class TokenBuffer:
     rows every step (O(T) per step, O(T^2) per generation). Here the rows live in a preallocated *storage*
     whose token axis has spare capacity: an append copies only the new rows into the free slots, and when
     they run out the storage is reallocated at ``capacity = max(ceil(growth * needed), needed + min_rows)``
-    and the filled rows copied once. Each reallocation at ``L`` filled rows leaves at least ``(growth - 1) L``
-    free slots, so over ``T`` appended rows the reallocations copy at most ``T / (growth - 1)`` rows in
-    total: O(1) amortised per row (4 at the default ``growth = 1.25``).
+    and the filled rows copied once. Capacities grow geometrically, so the copies of successive reallocations
+    form a geometric series: over ``T`` appended rows they copy at most ``growth / (growth - 1) * T`` rows in
+    total, O(1) amortised per row (5 at the default ``growth = 1.25``), and happen ``O(log T)`` times.
 
     The growth factor trades copies for idle memory: the allocated capacity is at most
     ``max(growth * needed, needed + min_rows)`` rows, so the slack stays within 25% of the stored rows plus
     ``min_rows`` (capacity doubling, ``growth = 2``, would allow up to 100% for one extra copy per row; a
-    compressed KV cache exists to save memory, so the default keeps the slack small).
+    compressed KV cache exists to save memory, so the default keeps the slack small; copying a few rows per
+    appended token is negligible next to a decode step, which reads all ``T``).
 
     :attr:`tensor` is a view of the filled rows, ``storage[:, :, :length]``: exactly what ``torch.cat`` of
     the appended chunks would hold (dtype, shape, values; strided along dims 0-1 rather than contiguous, with
@@ -109,7 +110,9 @@ class TokenBuffer:
                 raise ValueError(f"cannot append rows of shape {tuple(rows.shape)} {rows.dtype} on {rows.device} to "
                                  f"a buffer of {tuple(self.storage.shape)} {self.storage.dtype} on {self.storage.device}")
         needed = self.length + rows.shape[self.TOKEN_DIM]
-        if needed > self.capacity:
+        # storage made under torch.inference_mode cannot be written outside it: move to a fresh one (once)
+        frozen = self.storage is not None and self.storage.is_inference() and not torch.is_inference_mode_enabled()
+        if needed > self.capacity or frozen:
             self._reallocate(rows, needed)
         self.storage.narrow(self.TOKEN_DIM, self.length, rows.shape[self.TOKEN_DIM]).copy_(rows)
         self.length = needed

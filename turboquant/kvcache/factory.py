@@ -24,7 +24,9 @@ Method options (see each module's docstring for the scheme and its byte formula)
 - ``turboquant``: ``bits`` (integer, or ``b + 0.5`` presets), or ``key_bits``/``value_bits``,
   ``key_variant`` (mse|prod), ``outlier_channels``, ``outlier_key_bits``/``outlier_value_bits``, ``value_outliers``,
   ``residual_length``, ``boundary_layers``, ``rotation`` (haar|hadamard), ``seed``, ``center_keys``
-  (quantize keys minus their prefill mean; exact for attention), ``decode_fn``;
+  (quantize keys minus their prefill mean; exact for attention), ``decode_fn``, ``fused_decode`` (decode steps
+  read the packed codes through the Triton kernel inside ``fused_decode(model, cache)``, see
+  :mod:`turboquant.kvcache.fused_attention`);
 - ``kivi``: ``bits`` (1-8), ``group_size`` (32), ``residual_length`` (128);
 - ``polarquant``: ``level_bits`` ((4, 2, 2, 2)), ``rotation``, ``seed``, ``residual_length`` (0);
 - ``snapkv``: ``budget`` (tokens per layer) or ``memory_ratio`` (0.25), ``window_size`` (32),

@@ -43,7 +43,7 @@ exactly as ``TurboQuantLayer``.
 Usage (the model code is not forked: the attention function is registered with transformers'
 ``AttentionInterface`` and the model's ``_attn_implementation`` is switched for the block)::
 
-    cache = build_fused_turboquant_cache(model.config, key_bits=4, value_bits=4)
+    cache = build_cache("turboquant", model.config, key_bits=4, value_bits=4, fused_decode=True)
     with fused_decode(model, cache):
         out = model.generate(**inputs, past_key_values=cache, max_new_tokens=32, do_sample=False)
 """
@@ -69,8 +69,8 @@ from turboquant.kvcache.turboquant_cache import (
 )
 
 __all__ = [
-    "FUSED_ATTENTION", "FusedTurboQuantLayer", "build_fused_turboquant_cache", "fused_decode",
-    "fused_decode_unsupported", "register_fused_attention",
+    "FUSED_ATTENTION", "FusedTurboQuantLayer", "attention_path", "build_fused_turboquant_cache", "fused_decode",
+    "fused_decode_unavailable", "fused_decode_unsupported", "register_fused_attention",
 ]
 
 #: Name of the attention function in transformers' AttentionInterface / AttentionMaskInterface.
@@ -112,11 +112,13 @@ class FusedTurboQuantLayer(TurboQuantLayer):
     decoded workspace when the kernel is available.
     """
 
-    def __init__(self, layer_idx: int, config: TurboQuantCacheConfig, fp_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, layer_idx: int, config: TurboQuantCacheConfig, fp_dtype: torch.dtype | None = None,
+                 keep_workspace: bool = True) -> None:
         reason = fused_decode_unsupported(config)
         if reason is not None:
             raise ValueError(f"fused decode attention cannot serve this TurboQuant configuration: {reason}")
-        super().__init__(layer_idx, config, fp_dtype, keep_workspace=False)
+        super().__init__(layer_idx, config, fp_dtype, keep_workspace=keep_workspace)
+        self.fallback_keep_workspace = keep_workspace  # the torch path's choice, used only without Triton
         self.fused = False
         self.defer_attention = False  # set by fused_decode() while the fused attention function is installed
         self.pending: DecodeStep | None = None
@@ -124,7 +126,7 @@ class FusedTurboQuantLayer(TurboQuantLayer):
 
     def _initialize(self) -> None:
         self.fused = triton_available(self.device)
-        self.keep_workspace = not self.fused
+        self.keep_workspace = self.fallback_keep_workspace and not self.fused
         super()._initialize()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
@@ -288,14 +290,29 @@ def fused_decode(model: torch.nn.Module, cache: CompressedCache) -> Iterator[Com
 
 
 def build_fused_turboquant_cache(model_config: Any, **options: Any) -> CompressedCache:
-    """``build_cache("turboquant", model_config, **options)`` with every quantized layer a
+    """``build_cache("turboquant", model_config, fused_decode=True, **options)``: every quantized layer a
     :class:`FusedTurboQuantLayer`; a configuration the kernel cannot serve raises ``ValueError`` with the reason
     (build the plain TurboQuant cache for it)."""
     shape = model_config if isinstance(model_config, ModelShape) else ModelShape.from_config(model_config)
-    plain = build_turboquant_cache(shape, **options)
-    layers = [
-        FusedTurboQuantLayer(layer.layer_idx, layer.config, layer.requested_fp_dtype)
-        if isinstance(layer, TurboQuantLayer) else layer
-        for layer in plain.layers
-    ]
-    return CompressedCache(layers, method=plain.method, options={**plain.options, "fused_decode": True})
+    return build_turboquant_cache(shape, fused_decode=True, **options)
+
+
+def fused_decode_unavailable(cache: CompressedCache, device: torch.device | str) -> str | None:
+    """None when ``cache``, rebuilt with ``fused_decode=True``, would answer decode steps on ``device`` through
+    the kernel; otherwise why not: no Triton kernel on the device (CUDA, or ``TRITON_INTERPRET=1``), no
+    TurboQuant layer in the cache (another method), or the configuration's reason from
+    :func:`fused_decode_unsupported`."""
+    if not triton_available(device):
+        return f"the Triton kernels cannot run on {device} (CUDA with Triton, or TRITON_INTERPRET=1)"
+    quantized = [layer for layer in cache.layers if isinstance(layer, TurboQuantLayer)]
+    if not quantized:
+        return f"the {cache.method!r} cache has no TurboQuant layer"
+    return fused_decode_unsupported(quantized[0].config)
+
+
+def attention_path(cache: CompressedCache) -> str:
+    """``"fused"`` when the cache's decode steps read the packed store through the kernel (a fused layer on a
+    device with Triton), ``"workspace"`` when the model's own attention reads the tensors the cache returns
+    (the decoded workspace of a quantizer, the 16-bit store of the full and eviction caches). Decided per
+    layer at its first update, so ask after the prefill."""
+    return "fused" if any(getattr(layer, "fused", False) for layer in cache.layers) else "workspace"

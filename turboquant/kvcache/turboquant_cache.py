@@ -63,8 +63,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -232,7 +232,7 @@ class TurboQuantEncoder(Encoder):
                 fields[f"residual_norms{part}"] = qv.residual_norms.to(torch.float16)
         return fields
 
-    def quantized_vectors(self, fields: Fields, part: int) -> "tq.QuantizedVectors":
+    def quantized_vectors(self, fields: Fields, part: int) -> tq.QuantizedVectors:
         """The library's QuantizedVectors of group ``part`` rebuilt from the stored fields (fp16 norms widened)."""
         changes = {"codes": fields[f"codes{part}"], "norms": fields[f"norms{part}"].float()}
         if f"signs{part}" in fields:
@@ -320,13 +320,29 @@ def build_turboquant_cache(
     fp_dtype: torch.dtype | None = None,
     keep_workspace: bool = True,
     decode_fn: Callable[[Encoder, Fields], torch.Tensor] | None = None,
+    fused_decode: bool = False,
     **options,
 ) -> CompressedCache:
     """A TurboQuant cache from a preset (``bits=3.5``), a memory budget (``memory_ratio=0.25``: the largest preset
     whose true ratio fits, at ``context_length`` tokens if given — windows and indices counted — else in the
-    steady state) or explicit :class:`TurboQuantCacheConfig` fields (``key_bits=...``), which override the preset's."""
+    steady state) or explicit :class:`TurboQuantCacheConfig` fields (``key_bits=...``), which override the preset's.
+
+    ``fused_decode=True`` makes every quantized layer a
+    :class:`~turboquant.kvcache.fused_attention.FusedTurboQuantLayer`: inside
+    ``fused_decode(model, cache)`` its decode steps are answered by the Triton kernel reading the packed codes,
+    and no decoded workspace is kept (a configuration the kernel cannot serve raises ``ValueError`` with the
+    reason from ``fused_decode_unsupported``). It is an option of this method rather than a method of its own
+    (``"turboquant_fused"``) because it changes how attention *reads* the store, not what is stored: the codes,
+    the bytes, the byte formula and the method name in result rows are the same, as for ``keep_workspace`` and
+    ``decode_fn``, the other two read paths (``decode_fn`` is the workspace path's hook and cannot be combined
+    with it)."""
     if bits is not None and memory_ratio is not None:
         raise ValueError("give bits= or memory_ratio=, not both")
+    if not isinstance(fused_decode, bool):
+        raise ValueError(f"fused_decode must be a bool, got {fused_decode!r}")
+    if fused_decode and decode_fn is not None:
+        raise ValueError("decode_fn is the workspace path's decode hook; with fused_decode=True attention reads "
+                         "the packed fields in the kernel, so give one or the other")
     unknown = set(options) - {f.name for f in dataclasses.fields(TurboQuantCacheConfig)}
     if unknown:
         raise ValueError(f"unknown TurboQuant options {sorted(unknown)}")
@@ -343,13 +359,22 @@ def build_turboquant_cache(
     config = TurboQuantCacheConfig(**{**preset, **options})
     config.check_head_dim(shape.head_dim)
     full = boundary_layer_set(shape.num_layers, config.boundary_layers)
-    layers = [
-        FullPrecisionLayer(i, fp_dtype) if i in full
-        else TurboQuantLayer(i, config, fp_dtype, keep_workspace=keep_workspace, decode_fn=decode_fn)
-        for i in range(shape.num_layers)
-    ]
+    if fused_decode:
+        # deferred: fused_attention builds on this module (FusedTurboQuantLayer subclasses TurboQuantLayer)
+        from turboquant.kvcache.fused_attention import FusedTurboQuantLayer, fused_decode_unsupported
+
+        reason = fused_decode_unsupported(config)
+        if reason is not None:
+            raise ValueError(f"fused_decode=True cannot serve this TurboQuant configuration: {reason}")
+
+        def quantized_layer(index: int) -> TurboQuantLayer:
+            return FusedTurboQuantLayer(index, config, fp_dtype, keep_workspace=keep_workspace)
+    else:
+        def quantized_layer(index: int) -> TurboQuantLayer:
+            return TurboQuantLayer(index, config, fp_dtype, keep_workspace=keep_workspace, decode_fn=decode_fn)
+    layers = [FullPrecisionLayer(i, fp_dtype) if i in full else quantized_layer(i) for i in range(shape.num_layers)]
     summary = {**dataclasses.asdict(config), "preset_bits": bits,
-               "nominal_bits_per_value": nominal_bits_per_value(config, shape.head_dim)}
+               "nominal_bits_per_value": nominal_bits_per_value(config, shape.head_dim), "fused_decode": fused_decode}
     return CompressedCache(layers, method="turboquant", options=summary)
 
 

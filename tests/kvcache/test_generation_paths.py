@@ -1,0 +1,90 @@
+"""experiments.kv_generation.generate_with_cache picks the fused decode path when the kernel serves the cache on
+the model's device, records which path ran, and gives the same tokens as the workspace path.
+
+On the CPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set before the kernels are used).
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+from experiments.kv_generation import generate_with_cache  # noqa: E402
+from experiments.models import LoadedModel, ModelSpec  # noqa: E402
+from turboquant.kvcache import build_cache  # noqa: E402
+from turboquant.kvcache.fused_attention import (  # noqa: E402
+    FusedTurboQuantLayer,
+    fused_decode_unavailable,
+)
+
+NEW_TOKENS = 4
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="the tiny model runs on the CPU, where the kernel needs the interpreter")
+
+
+class DigitTokenizer:
+    """The two things generate_with_cache asks of a tokenizer: a pad id and decode."""
+
+    pad_token_id = 0
+
+    def decode(self, ids: torch.Tensor, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(i) for i in ids.tolist())
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model):
+    return LoadedModel(model=tiny_model, tokenizer=DigitTokenizer(),
+                       spec=ModelSpec(name="tiny", display_name="tiny random Llama", pretrained="unused"))
+
+
+def generate(loaded, prompt_ids, method, options):
+    return generate_with_cache(loaded, prompt_ids[:, :60], method, options, NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+
+
+def test_fused_path_runs_and_matches_the_workspace_path(loaded, prompt_ids, monkeypatch):
+    options = {"key_bits": 4, "value_bits": 3, "residual_length": 16}
+    calls = []
+    original = FusedTurboQuantLayer._packed_attention
+
+    def counting(self, *args):
+        calls.append(self.layer_idx)
+        return original(self, *args)
+
+    monkeypatch.setattr(FusedTurboQuantLayer, "_packed_attention", counting)
+    implementation = loaded.model.config._attn_implementation
+    fused = generate(loaded, prompt_ids, "turboquant", options)
+    workspace = generate(loaded, prompt_ids, "turboquant", {**options, "fused_decode": False})
+    assert (fused.attention_path, workspace.attention_path) == ("fused", "workspace")
+    layers = loaded.model.config.num_hidden_layers
+    assert len(calls) == (NEW_TOKENS - 1) * layers  # every decode step of every layer read the packed store
+    assert fused.text == workspace.text and fused.new_tokens == NEW_TOKENS
+    assert fused.cache_nbytes == workspace.cache_nbytes and fused.memory_ratio == workspace.memory_ratio
+    assert loaded.model.config._attn_implementation == implementation  # restored after generation
+
+
+@pytest.mark.parametrize("method, options", [
+    ("turboquant", {"bits": 3.5}),                      # outlier split: the kernel reads one channel group
+    ("turboquant", {"bits": 3, "key_variant": "prod"}),  # QJL signs
+    ("kivi", {"bits": 4, "residual_length": 32}),       # not TurboQuant codes
+])
+def test_caches_the_kernel_does_not_serve_take_the_workspace_path(loaded, prompt_ids, method, options):
+    assert generate(loaded, prompt_ids, method, options).attention_path == "workspace"
+
+
+def test_forcing_the_fused_path_never_falls_back_silently(loaded, prompt_ids):
+    with pytest.raises(ValueError, match="outlier"):
+        generate(loaded, prompt_ids, "turboquant", {"bits": 3.5, "fused_decode": True})
+    with pytest.raises(ValueError, match="decode_fn"):
+        build_cache("turboquant", loaded.model.config, bits=4, fused_decode=True, decode_fn=lambda e, f: e.decode(f))
+
+
+def test_reasons_the_fused_path_is_unavailable(tiny_config, monkeypatch):
+    cache = build_cache("turboquant", tiny_config, bits=4)
+    assert fused_decode_unavailable(cache, "cpu") is None  # under the interpreter
+    assert "no TurboQuant layer" in fused_decode_unavailable(build_cache("full", tiny_config), "cpu")
+    assert "outlier" in fused_decode_unavailable(build_cache("turboquant", tiny_config, bits=2.5), "cpu")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert "TRITON_INTERPRET=1" in fused_decode_unavailable(cache, "cpu")
