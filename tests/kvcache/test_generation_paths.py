@@ -12,10 +12,10 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
-from experiments.kv_generation import generate_with_cache  # noqa: E402
-from experiments.models import LoadedModel, ModelSpec  # noqa: E402
-from turboquant.kvcache import build_cache  # noqa: E402
-from turboquant.kvcache.fused_attention import (  # noqa: E402
+from experiments.kv_generation import generate_with_cache
+from experiments.models import LoadedModel, ModelSpec
+from turboquant.kvcache import build_cache
+from turboquant.kvcache.fused_attention import (
     FusedTurboQuantLayer,
     fused_decode_unavailable,
 )

@@ -48,8 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
-from typing import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -205,7 +204,7 @@ def capture_window_queries(model: torch.nn.Module, cache: CompressedCache) -> It
     def pre_hook(module, args, kwargs):
         layer = cache.layers[module.layer_idx]
         if not getattr(layer, "needs_window_queries", False) or layer.seen_tokens > 0:
-            return None
+            return
         hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         if "position_embeddings" not in kwargs:
             raise ValueError(f"{type(module).__name__} receives no position_embeddings (cos, sin): this model "
@@ -214,7 +213,7 @@ def capture_window_queries(model: torch.nn.Module, cache: CompressedCache) -> It
             layer.window_queries = window_queries_of(
                 module, hidden_states, kwargs["position_embeddings"], layer.window_size
             )
-        return None
+        return
 
     handles = [m.register_forward_pre_hook(pre_hook, with_kwargs=True) for m in _attention_modules(model)]
     try:

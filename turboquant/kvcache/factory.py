@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -58,7 +58,7 @@ class ModelShape:
     head_dim: int
 
     @classmethod
-    def from_config(cls, model_config: Any) -> "ModelShape":
+    def from_config(cls, model_config: Any) -> ModelShape:
         config = model_config.get_text_config(decoder=True) if hasattr(model_config, "get_text_config") else model_config
         try:
             num_layers = int(config.num_hidden_layers)

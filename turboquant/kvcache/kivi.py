@@ -33,7 +33,13 @@ import torch
 import turboquant as tq
 from turboquant.kvcache.base import CompressedCache
 from turboquant.kvcache.factory import ModelShape, register_method
-from turboquant.kvcache.stream import Encoder, Fields, QuantizedStream, StreamLayer, quantized_and_residual
+from turboquant.kvcache.stream import (
+    Encoder,
+    Fields,
+    QuantizedStream,
+    StreamLayer,
+    quantized_and_residual,
+)
 
 SCALE_BYTES = 2  # fp16 scale and fp16 zero point per group
 
@@ -111,7 +117,7 @@ class KIVILayer(StreamLayer):
     def _initialize(self) -> None:
         if self.head_dim % self.group_size:
             raise ValueError(f"KIVI group_size {self.group_size} must divide head_dim {self.head_dim}")
-        common = dict(fp_dtype=self.fp_dtype, compute_dtype=self.compute_dtype, keep_workspace=self.keep_workspace)
+        common = {"fp_dtype": self.fp_dtype, "compute_dtype": self.compute_dtype, "keep_workspace": self.keep_workspace}
         self.key_stream = QuantizedStream(
             KIVIKeyEncoder(self.bits, self.group_size, self.head_dim), self.residual_length, "block", **common
         )

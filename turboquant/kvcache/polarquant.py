@@ -37,7 +37,13 @@ import torch
 import turboquant as tq
 from turboquant.kvcache.base import CompressedCache
 from turboquant.kvcache.factory import ModelShape, register_method
-from turboquant.kvcache.stream import Encoder, Fields, QuantizedStream, StreamLayer, quantized_and_residual
+from turboquant.kvcache.stream import (
+    Encoder,
+    Fields,
+    QuantizedStream,
+    StreamLayer,
+    quantized_and_residual,
+)
 
 PAPER_LEVEL_BITS = (4, 2, 2, 2)
 RADIUS_BYTES = 2  # fp16
@@ -54,7 +60,7 @@ def angle_range(level: int) -> tuple[float, float]:
     return (0.0, 2 * math.pi) if level == 1 else (0.0, math.pi / 2)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def polar_angle_codebook(level: int, bits: int, grid_points: int = 1 << 15, iterations: int = 300) -> tuple[np.ndarray, np.ndarray]:
     """Lloyd-Max centroids (``2^bits``) and decision boundaries (``2^bits - 1``) for the level's angle density.
 

@@ -72,7 +72,13 @@ import turboquant as tq
 from turboquant.kvcache.base import CompressedCache, tensor_nbytes
 from turboquant.kvcache.factory import ModelShape, register_method
 from turboquant.kvcache.full import FullPrecisionLayer
-from turboquant.kvcache.stream import Encoder, Fields, QuantizedStream, StreamLayer, quantized_and_residual
+from turboquant.kvcache.stream import (
+    Encoder,
+    Fields,
+    QuantizedStream,
+    StreamLayer,
+    quantized_and_residual,
+)
 
 KEY_VARIANTS = ("mse", "prod")
 ROTATIONS = ("haar", "hadamard")
@@ -361,7 +367,10 @@ def build_turboquant_cache(
     full = boundary_layer_set(shape.num_layers, config.boundary_layers)
     if fused_decode:
         # deferred: fused_attention builds on this module (FusedTurboQuantLayer subclasses TurboQuantLayer)
-        from turboquant.kvcache.fused_attention import FusedTurboQuantLayer, fused_decode_unsupported
+        from turboquant.kvcache.fused_attention import (
+            FusedTurboQuantLayer,
+            fused_decode_unsupported,
+        )
 
         reason = fused_decode_unsupported(config)
         if reason is not None:
