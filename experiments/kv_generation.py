@@ -44,6 +44,7 @@ class Generation:
     new_tokens: int
     seconds: float
     cache_nbytes: int
+    cache_allocated_nbytes: int  # cache_nbytes + the growing buffers' spare capacity (enters no ratio)
     memory_ratio: float
     bits_per_value: float
     compression_ratio: float
@@ -136,9 +137,10 @@ def generate_with_cache(
         extra["min_new_tokens"] = min_new_tokens
     if stopping_criteria is not None:
         extra["stopping_criteria"] = stopping_criteria
-    start = time.perf_counter()
     fused = any(isinstance(layer, FusedTurboQuantLayer) for layer in cache.layers)
-    with attach(model, cache), fused_decode(model, cache) if fused else contextlib.nullcontext():
+    read_path = fused_decode(model, cache) if fused else contextlib.nullcontext()
+    start = time.perf_counter()
+    with attach(model, cache), read_path:
         output = model.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
@@ -158,6 +160,7 @@ def generate_with_cache(
         new_tokens=int(new_tokens.numel()),
         seconds=seconds,
         cache_nbytes=int(cache.nbytes()),
+        cache_allocated_nbytes=int(cache.allocated_nbytes()),
         memory_ratio=float(cache.memory_ratio()),
         bits_per_value=float(cache.bits_per_value()),
         compression_ratio=float(cache.compression_ratio()),
@@ -168,8 +171,9 @@ def generate_with_cache(
 def cache_for_device(cache_method: str, model_config: Any, options: Mapping[str, Any],
                      device: torch.device) -> CompressedCache:
     """A fresh ``cache_method`` cache; a TurboQuant cache the kernel serves on ``device`` with ``fused_decode=True``
-    unless ``options`` set ``fused_decode`` themselves (module docstring)."""
+    unless ``options`` choose the read path themselves (``fused_decode``, or a workspace ``decode_fn`` hook)."""
     cache = build_cache(cache_method, model_config, **dict(options))
-    if "fused_decode" in options or fused_decode_unavailable(cache, device) is not None:
+    chosen = "fused_decode" in options or "decode_fn" in options
+    if chosen or fused_decode_unavailable(cache, device) is not None:
         return cache
     return build_cache(cache_method, model_config, **dict(options), fused_decode=True)
