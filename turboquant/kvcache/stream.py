@@ -14,11 +14,13 @@ The stored fields are tensors whose dim 2 is the token (or token-group) axis; ea
 O(1) per token) and ``fields`` are views equal to the concatenation of every chunk's fields. The 16-bit residual
 holds at most ``R`` tokens (plus the tokens of the current write) and is re-concatenated per write: O(R), not
 O(T). On the torch path, each flushed chunk is decoded once into a *workspace* that attention reads (a growing
-buffer too); it is computed
-from the stored fields (never from the original inputs), so it equals decoding the whole store at every
-step (``keep_workspace=False`` does exactly that; the tests check both agree bit for bit). The workspace is
-an artefact of materialising keys for a stock attention function and is not counted in ``nbytes``: a fused
-decode kernel (``turboquant.kernels`` on CUDA) reads the packed fields directly. ``decode_fn`` is that hook.
+buffer too); it is computed from the stored fields (never from the original inputs), so it equals decoding the
+whole store at every step (``keep_workspace=False`` does exactly that; the tests check both agree bit for bit).
+The workspace is an artefact of materialising keys for a stock attention function and is not counted in
+``nbytes``; the fused decode path (:mod:`turboquant.kvcache.fused_attention`) reads the packed fields directly
+and keeps none. ``decode_fn`` is the workspace's decoding hook. (On the workspace path the layer still hands
+attention ``[past ; new]``, one O(T) concatenation per step, as transformers' own ``DynamicCache`` does; the
+fused path hands over the window and the new token only.)
 """
 
 from __future__ import annotations
