@@ -5,6 +5,7 @@
 #   make figures-llm  the LLM experiments (needle Fig. 4, LongBench-style Table 1) at scale=quick with the
 #                     shipped SmolLM2-135M (slow on a CPU: see README), then the comparison report
 #   make check        the side-by-side comparison with the paper's numbers (results/comparison.md)
+#   make kernels      the Triton kernel benchmark (needs a CUDA GPU; results/kernels/)
 
 PYTHON   ?= python3
 VENV     ?= .venv
@@ -27,7 +28,7 @@ DATA_PACKAGES := \
 EMBEDDING_EXPERIMENTS := distortion,ip_histogram,ip_variance,ann_recall,ann_indexing_time
 LLM_EXPERIMENTS       := needle,longbench
 
-.PHONY: setup data test figures figures-llm check clean-results
+.PHONY: setup data test figures figures-llm check kernels clean-results
 
 setup: $(STAMP)
 
@@ -57,6 +58,9 @@ figures: setup data
 figures-llm: setup data
 	$(PY) run.py -m experiment=$(LLM_EXPERIMENTS) scale=quick
 	$(PY) scripts/compare_to_paper.py
+
+kernels: setup
+	$(PY) run.py experiment=kernels
 
 check: setup
 	$(PY) scripts/compare_to_paper.py

@@ -258,6 +258,7 @@ def run_cell(
         "memory_ratio": result.memory_ratio,
         "bits_per_value": result.bits_per_value,
         "compression_ratio": result.compression_ratio,
+        "attention_path": result.attention_path,
     }
 
 

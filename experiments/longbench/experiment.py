@@ -120,6 +120,7 @@ def generate(
         "cache_nbytes": result.cache_nbytes,
         "memory_ratio": result.memory_ratio,
         "bits_per_value": result.bits_per_value,
+        "attention_path": result.attention_path,
     }
 
 

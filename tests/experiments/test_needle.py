@@ -142,7 +142,8 @@ def _cfg(model_dir: Path, results: Path):
                         "name": "snapkv", "label": "SnapKV", "cache": "snapkv",
                         "options": {"memory_ratio": 0.25, "window_size": 8},
                     },
-                    "tq": {"name": "tq", "label": "TurboQuant 4-bit", "cache": "turboquant", "options": {"bits": 4, "seed": 0}},
+                    "tq": {"name": "tq", "label": "TurboQuant 4-bit", "cache": "turboquant",
+                           "options": {"bits": 4, "seed": 0, "fused_decode": False}},  # fused: tests/kvcache
                 },
                 "paper_methods": {"full": "full", "snapkv": "snapkv"},
                 "method_seeds": [0, 1],
