@@ -197,10 +197,14 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     return store.frame(units=all_units)
 
 
-def _label(method: str, rotation: str, encoder: str = "") -> str:
-    """e.g. ``TurboQuant_mse (hadamard, numba)``: the method, its rotation and the encoder that ran."""
+def _label(method: str, rotation: str, encoder: str = "", backend: str = "") -> str:
+    """e.g. ``TurboQuant_mse (hadamard, numba via auto)``: the method, its rotation, the encoder that ran
+    and, when it was chosen automatically, the backend asked for."""
     label = METHOD_LABELS.get(method, method)
-    details = [part for part in (rotation, "" if encoder == "faiss" else encoder) if isinstance(part, str) and part]
+    ran = "" if encoder == "faiss" else encoder
+    if ran and backend and backend != encoder:
+        ran = f"{ran} via {backend}"
+    details = [part for part in (rotation, ran) if isinstance(part, str) and part]
     return f"{label} ({', '.join(details)})" if details else label
 
 
@@ -208,7 +212,7 @@ def _with_labels(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     for column in ("rotation", "backend", "encoder"):
         df[column] = df[column].fillna("") if column in df else ""
-    df["method_label"] = [_label(m, r, e) for m, r, e in zip(df["method"], df["rotation"], df["encoder"])]
+    df["method_label"] = [_label(*labels) for labels in zip(df["method"], df["rotation"], df["encoder"], df["backend"])]
     return df
 
 
@@ -283,7 +287,8 @@ def table2_markdown(df: pd.DataFrame) -> str:
         "",
         f"Ours: median wall time of train + add, {int(builds['n_base'].iloc[0])} vectors (" + _threads_text(df)
         + f"); shared 2-core CPU{load_text}, so absolute times carry load noise. In parentheses: "
-        "rotation and the encoder that ran (numba = fused CPU encoder, torch = reference path).",
+        "rotation and the encoder that ran (numba = fused CPU encoder, torch = reference path; "
+        "'via auto' = chosen by backend='auto').",
         "",
         markdown_table(table.reset_index(), "{:.4g}"),
         "",

@@ -97,4 +97,4 @@ def test_ann_indexing_time_runs_and_writes_the_table(tmp_path):
     paths = ann_indexing_time.plot(df, cfg, cfg.paths.figures_dir)
     text = paths[-1].read_text()
     assert "239.75" in text and "PQ training time / TurboQuant" in text and "queries_per_s" in text
-    assert "TurboQuant_mse (hadamard, numba)" in text and "torch reference / fast path" in text
+    assert "TurboQuant_mse (hadamard, numba via auto)" in text and "torch reference / fast path" in text
