@@ -519,7 +519,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
     annotate = len(contexts) * len(depths) <= 120
     with figure_style():
         fig, axes = plt.subplots(
-            nrows, ncols, figsize=(2.7 * ncols + 0.8, 2.5 * nrows + 1.0), squeeze=False, constrained_layout=True
+            nrows, ncols, figsize=(3.0 * ncols + 0.8, 2.8 * nrows + 1.0), squeeze=False, constrained_layout=True
         )
         image = None
         for ax, method in zip(axes.flat, methods):
@@ -538,7 +538,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
             bits, ratio = rows["bits_per_value"].mean(), rows["memory_ratio"].mean()
             seeds, se = seed_spread(rows.assign(method_seed=rows.get("method_seed", np.nan)))
             score = f"{rows['score'].mean():.3f}" + (f" ± {se:.3f} ({seeds} seeds)" if seeds > 1 else "")
-            ax.set_title(f"{textwrap.fill(label, 34)}\nmean {score} · {bits:.2f} bits ({100 * ratio:.1f}%)")
+            ax.set_title(f"{textwrap.fill(label, 34)}\nmean {score}\n{bits:.2f} bits ({100 * ratio:.1f}% of 16-bit)")
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("needle depth")
         for ax in list(axes.flat)[len(methods) :]:
