@@ -19,8 +19,8 @@ Exactness. Arithmetic is float32 like the torch path and the midpoints are the s
 so ``idx`` is exactly ``torch.bucketize``'s for the same ``y``. With a Haar (or any dense) rotation the
 normalisation and the matmul are torch's own, so the codes are bit-identical to the torch path. The
 Hadamard transform here sums in butterfly order (torch multiplies 64-wide Hadamard blocks) and the
-norm is summed in float64, so ``y`` differs by float32 rounding (~1e-7 relative) and a coordinate
-within that distance of a midpoint may take the neighbouring code;
+norm is a BLAS float32 dot product, so ``y`` differs by float32 rounding (~1e-7 relative) and a
+coordinate within that distance of a midpoint may take the neighbouring code;
 ``tests/kernels/test_quantize_cpu.py`` counts and bounds those.
 
 Threads: the parallel loops run on ``threads`` numba threads (default ``torch.get_num_threads()``,
@@ -158,35 +158,28 @@ def _fwht(first, second, levels, scale):
 
 @njit(cache=True)
 def _norm(x):
-    """||x|| as float32, the squares summed in float64 over 8 interleaved partial sums (vectorizable)."""
-    dim = x.shape[0]
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-    full = dim - dim % 8
-    for j in range(0, full, 8):
-        s0 += np.float64(x[j]) * np.float64(x[j])
-        s1 += np.float64(x[j + 1]) * np.float64(x[j + 1])
-        s2 += np.float64(x[j + 2]) * np.float64(x[j + 2])
-        s3 += np.float64(x[j + 3]) * np.float64(x[j + 3])
-        s4 += np.float64(x[j + 4]) * np.float64(x[j + 4])
-        s5 += np.float64(x[j + 5]) * np.float64(x[j + 5])
-        s6 += np.float64(x[j + 6]) * np.float64(x[j + 6])
-        s7 += np.float64(x[j + 7]) * np.float64(x[j + 7])
-    for j in range(full, dim):
-        s0 += np.float64(x[j]) * np.float64(x[j])
-    return np.float32(math.sqrt(((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))))
+    """||x|| as float32: the square root of the BLAS dot product x·x (float32 with vector partial sums)."""
+    return np.float32(math.sqrt(np.dot(x, x)))
 
 
 @njit(cache=True)
-def _gather_signs(src, divisor, perm, sign, out):
-    """out[i] = (src[perm[i]] / divisor) · sign[i]: the D_k P_k factor of one round (``divisor`` folds
-    the normalisation x/||x|| into the first round, with the torch path's rounding)."""
+def _gather_signs(src, perm, sign, out):
+    """out[i] = src[perm[i]] · sign[i]: the D_k P_k factor of one round."""
+    for i in range(out.shape[0]):
+        out[i] = src[perm[i]] * sign[i]
+
+
+@njit(cache=True)
+def _gather_unit_signs(src, divisor, perm, sign, out):
+    """out[i] = (src[perm[i]] / divisor) · sign[i]: the first round, with the normalisation x/||x||
+    folded in (a division, as the torch path rounds it)."""
     for i in range(out.shape[0]):
         out[i] = (src[perm[i]] / divisor) * sign[i]
 
 
 @njit(cache=True)
-def _times_signs(src, divisor, sign, out):
-    """out[i] = (src[i] / divisor) · sign[i]: the D factor when no permutation is drawn (d a power of two)."""
+def _unit_signs(src, divisor, sign, out):
+    """out[i] = (src[i] / divisor) · sign[i]: the one round when d is a power of two (no permutation)."""
     for i in range(out.shape[0]):
         out[i] = (src[i] / divisor) * sign[i]
 
@@ -205,12 +198,12 @@ def _hadamard_rounds(x, divisor, bufs, signs, perms, block, levels, permute):
     gathered = bufs[1]
     scratch = bufs[2]
     for k in range(signs.shape[0]):
-        src = x if k == 0 else vector
-        factor = divisor if k == 0 else np.float32(1.0)
-        if permute:
-            _gather_signs(src, factor, perms[k], signs[k], gathered)
+        if not permute:  # d a power of two: a single round, D_0 x / ||x||
+            _unit_signs(x, divisor, signs[k], gathered)
+        elif k == 0:
+            _gather_unit_signs(x, divisor, perms[k], signs[k], gathered)
         else:
-            _times_signs(src, factor, signs[k], gathered)
+            _gather_signs(vector, perms[k], signs[k], gathered)
         head = scratch if _fwht(gathered, scratch, levels, scale) else gathered
         for i in range(block):
             vector[i] = head[i]
@@ -289,7 +282,7 @@ def nearest_centroid_cells(boundaries: np.ndarray | tuple[float, ...], radius: f
     if np.any(above - base > 1):
         raise AssertionError("cell table too coarse: a widened cell holds two midpoints")
     midpoint = np.where(above > base, bnd[np.minimum(base, bnd.size - 1)], np.inf)
-    return (base.astype(np.uint8 if bnd.size < 256 else np.int32), midpoint.astype(np.float32),
+    return (base.astype(np.int32), midpoint.astype(np.float32),
             np.float32(1.0 / width), np.float32(radius / width))
 
 
