@@ -466,8 +466,8 @@ class TurboQuantProd(_VectorQuantizer):
         self.density = density
         if rotation not in ROTATION_KINDS:
             raise ValueError(f"rotation must be one of {ROTATION_KINDS}, got {rotation!r}")
-        if backend == "numba":  # its CPU cost is the dense QJL matmul S·r, which numba would not speed up
-            raise ValueError("TurboQuantProd has no numba encoder; use backend='auto' or 'torch' on the CPU")
+        if backend == "numba" and self.mse_bits == 0:
+            raise ValueError("backend='numba' encodes the MSE stage; TurboQuantProd needs bits >= 2 for it")
         self.backend = backend
         self._triton = _use_triton(backend, self.device,
                                    self.mse_bits <= _TRITON_MAX_BITS and self.dim <= _TRITON_PROD_MAX_DIM)
@@ -475,6 +475,8 @@ class TurboQuantProd(_VectorQuantizer):
                                   "triton" if self._triton else "torch")
                     if self.mse_bits else None)
         self.qjl = QJL(self.dim, _derive_seed(self.seed, "qjl"), self.device, chunk_size)
+        self._numba = not self._triton and self.mse_bits >= 1 and _use_numba(backend, self.device)
+        self._sketch_rotated: torch.Tensor | None = None  # S Πᵀ, built on the numba path's first use
 
     @property
     def rotation(self) -> Rotation | None:
@@ -504,6 +506,18 @@ class TurboQuantProd(_VectorQuantizer):
             codes, signs, norms, residual_norms = quantize_prod_triton(
                 x.reshape(-1, self.dim).to(self.device), *mse_stage, self.mse_bits, self.qjl.matrix,
                 norms_dtype=_NORM_DTYPE)
+            return QuantizedVectors(codes=codes.reshape(*lead, -1), norms=norms.reshape(lead),
+                                    qjl_signs=signs.reshape(*lead, -1), residual_norms=residual_norms.reshape(lead),
+                                    dim=self.dim, bits=self.bits, mse_bits=self.mse_bits,
+                                    signature=self.signature, dtype=x.dtype)
+        if self._numba and x.device.type == "cpu":
+            from .kernels.quantize_cpu import quantize_prod_cpu
+
+            if self._sketch_rotated is None:
+                self._sketch_rotated = self.mse.rotation.apply(self.qjl.matrix)  # rows Π s_i: S Πᵀ
+            codes, signs, norms, residual_norms = quantize_prod_cpu(
+                x.reshape(-1, self.dim), self.mse.rotation, self.codebook.boundaries, self.mse._centroids,
+                self.mse_bits, self._sketch_rotated, self.chunk_size)
             return QuantizedVectors(codes=codes.reshape(*lead, -1), norms=norms.reshape(lead),
                                     qjl_signs=signs.reshape(*lead, -1), residual_norms=residual_norms.reshape(lead),
                                     dim=self.dim, bits=self.bits, mse_bits=self.mse_bits,

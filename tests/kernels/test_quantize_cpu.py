@@ -102,6 +102,28 @@ def test_quantizer_backends_agree(rotation):
     torch.testing.assert_close(fast.dequantize(got), slow.dequantize(want), rtol=0, atol=0.2)
 
 
+@pytest.mark.parametrize(("rotation", "dim", "bits"), [("haar", 100, 3), ("hadamard", 200, 4), ("hadamard", 64, 2)])
+def test_prod_backends_agree(rotation, dim, bits):
+    """TurboQuant_prod on the numba path (residual and QJL signs formed in the rotated basis with S Πᵀ)
+    stores what the torch path stores, up to float32 ties: codes and signs of coordinates at a boundary."""
+    x = 3 * torch.randn(3, 40, dim, generator=torch.Generator().manual_seed(dim))
+    x[2, 5] = 0
+    fast = tq.TurboQuantProd(dim, bits, rotation=rotation, seed=6, backend="numba")
+    slow = tq.TurboQuantProd(dim, bits, rotation=rotation, seed=6, backend="torch")
+    assert fast._numba and not slow._numba
+    got, want = fast.quantize(x), slow.quantize(x)
+    for name, width in (("codes", bits - 1), ("qjl_signs", 1)):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.shape == b.shape and a.dtype == torch.uint8
+        differ = int((tq.unpack_codes(a, width, dim) != tq.unpack_codes(b, width, dim)).sum())
+        assert differ <= 2, f"{differ} {name} differ"
+    assert torch.equal(got.norms, want.norms) and got.norms[2, 5] == 0
+    torch.testing.assert_close(got.residual_norms, want.residual_norms, rtol=1e-5, atol=1e-6)
+    y = torch.randn(4, dim, generator=torch.Generator().manual_seed(1))
+    scale = float(x.norm(dim=-1).max() * y.norm(dim=-1).max())
+    torch.testing.assert_close(fast.inner_product(y, got), slow.inner_product(y, want), rtol=0, atol=0.02 * scale)
+
+
 def test_low_precision_inputs_and_threads():
     dim, bits = 96, 3
     x = torch.randn(70, dim, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
@@ -126,8 +148,9 @@ def test_dispatch(monkeypatch):
     with pytest.raises(ValueError, match="runs on the CPU"):
         quantizers._use_numba("numba", torch.device("cuda"))
     assert not quantizers._use_numba("auto", torch.device("cuda"))
-    with pytest.raises(ValueError, match="no numba encoder"):
-        tq.TurboQuantProd(16, 3, backend="numba")
+    with pytest.raises(ValueError, match="bits >= 2"):
+        tq.TurboQuantProd(16, 1, backend="numba")  # pure QJL: no MSE stage to encode
+    assert not tq.TurboQuantProd(16, 1, backend="auto")._numba
     real_find_spec = quantizers.importlib.util.find_spec
     monkeypatch.setattr(quantizers.importlib.util, "find_spec",
                         lambda name, *a: None if name == "numba" else real_find_spec(name, *a))

@@ -122,14 +122,10 @@ class TurboQuantIndex(VectorIndex):
 
     @property
     def encoder(self) -> str:
-        """The encoder ``add`` runs: ``"triton"``, ``"numba"`` (fused CPU encoder) or ``"torch"``.
-
-        For ``variant="prod"`` this is the MSE stage's; the QJL stage is a torch matmul on every backend.
-        """
-        quantizer = self.quantizer if self.variant == "mse" else self.quantizer.mse
-        if quantizer is None or not (quantizer._triton or quantizer._numba):
-            return "torch"
-        return "triton" if quantizer._triton else "numba"
+        """The encoder ``add`` runs: ``"triton"``, ``"numba"`` (fused CPU encoder) or ``"torch"``."""
+        if self.quantizer._triton:
+            return "triton"
+        return "numba" if self.quantizer._numba else "torch"
 
     @property
     def kernel_search(self) -> bool:

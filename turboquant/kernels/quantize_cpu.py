@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from numba import literally, njit, prange
 
-from ..packing import packed_size
+from ..packing import pack_codes, packed_size
 from ..rotation import RandomizedHadamard, Rotation
 
 __all__ = [
@@ -47,11 +47,13 @@ __all__ = [
     "hadamard_state",
     "nearest_centroid_cells",
     "quantize_mse_cpu",
+    "quantize_prod_cpu",
     "resolve_threads",
 ]
 
 _ROWS_PER_TASK = 32  # vectors per parallel task: scratch buffers are allocated once per task
 _SUPPORTED_INPUTS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_NO_CENTROIDS = np.zeros(1, np.float32)  # bucketize_pack's centroids when no residual is wanted
 
 
 # ----------------------------------------------------------------------------------- per-vector steps
@@ -244,8 +246,9 @@ def hadamard_rotate(x, signs, perms, block, levels, permute, out):
 
 
 @njit(cache=True, parallel=True)
-def bucketize_pack(y, cell_base, cell_midpoint, cell_scale, cell_offset, bits, codes):
-    """codes[i] = the packed nearest-centroid indices of the rotated unit vector y[i] (float32)."""
+def bucketize_pack(y, cell_base, cell_midpoint, cell_scale, cell_offset, bits, codes, centroids, residual):
+    """codes[i] = the packed nearest-centroid indices of the rotated unit vector y[i] (float32); with
+    ``residual``, also y[i] <- y[i] − centroids[indices] in place (TurboQuant_prod's residual, rotated)."""
     literally(bits)
     n, dim = y.shape
     tasks = (n + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
@@ -254,6 +257,10 @@ def bucketize_pack(y, cell_base, cell_midpoint, cell_scale, cell_offset, bits, c
         for i in range(task * _ROWS_PER_TASK, min(n, (task + 1) * _ROWS_PER_TASK)):
             _nearest_indices(y[i], cell_base, cell_midpoint, cell_scale, cell_offset, indices)
             _pack_indices(indices, bits, codes[i])
+            if residual:
+                row = y[i]
+                for j in range(dim):
+                    row[j] -= centroids[indices[j]]
 
 
 def nearest_centroid_cells(boundaries: np.ndarray | tuple[float, ...], radius: float = 1.0 + 1e-2,
@@ -309,6 +316,16 @@ def _cached_cells(boundaries: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray
     return nearest_centroid_cells(np.asarray(boundaries, dtype=np.float32))
 
 
+def _cells_for(boundaries: torch.Tensor | np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.float32, np.float32]:
+    """Validated ``bits`` and midpoints -> the (cached) cell table of :func:`nearest_centroid_cells`."""
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
+        raise ValueError(f"bits must be an integer in [1, 8], got {bits!r}")
+    bnd = np.asarray(torch.as_tensor(boundaries).cpu().numpy(), dtype=np.float32)
+    if bnd.shape != ((1 << bits) - 1,):
+        raise ValueError(f"boundaries must be {(1 << bits) - 1} sorted midpoints for {bits} bits, got shape {bnd.shape}")
+    return _cached_cells(tuple(bnd.tolist()))
+
+
 def _as_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or x.dtype not in _SUPPORTED_INPUTS:
         raise ValueError(f"x must be a float16/bfloat16/float32/float64 torch.Tensor, got {getattr(x, 'dtype', type(x))}")
@@ -328,13 +345,8 @@ def quantize_mse_cpu(x: torch.Tensor, rotation: Rotation, boundaries: torch.Tens
     by ``rotation.apply`` (one BLAS matmul for Haar) on chunks of ``chunk_size`` rows, followed by the
     fused bucketize-and-pack loop. The layout is exactly ``TurboQuantMSE.quantize``'s.
     """
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
-        raise ValueError(f"bits must be an integer in [1, 8], got {bits!r}")
     dim = rotation.dim
-    bnd = np.asarray(torch.as_tensor(boundaries).cpu().numpy(), dtype=np.float32)
-    if bnd.shape != ((1 << bits) - 1,):
-        raise ValueError(f"boundaries must be {(1 << bits) - 1} sorted midpoints for {bits} bits, got shape {bnd.shape}")
-    cells = _cached_cells(tuple(bnd.tolist()))
+    cells = _cells_for(boundaries, bits)
     lead = x.shape[:-1]
     rows = _as_rows(x, dim)
     n = rows.shape[0]
@@ -351,8 +363,58 @@ def quantize_mse_cpu(x: torch.Tensor, rotation: Rotation, boundaries: torch.Tens
                 chunk_norms = torch.linalg.vector_norm(chunk, dim=-1)
                 unit = chunk / torch.where(chunk_norms > 0, chunk_norms, torch.ones_like(chunk_norms)).unsqueeze(-1)
                 rotated = rotation.apply(unit.to(rotation.device)).cpu().contiguous()
-                bucketize_pack(rotated.numpy(), *cells, bits, codes[start:start + chunk_size])
+                bucketize_pack(rotated.numpy(), *cells, bits, codes[start:start + chunk_size], _NO_CENTROIDS, False)
                 norms[start:start + chunk_size] = chunk_norms.numpy()
     finally:
         numba.set_num_threads(previous)
     return (torch.from_numpy(codes).reshape(*lead, codes.shape[1]), torch.from_numpy(norms).reshape(lead))
+
+
+def quantize_prod_cpu(x: torch.Tensor, rotation: Rotation, boundaries: torch.Tensor | np.ndarray,
+                      centroids: torch.Tensor | np.ndarray, mse_bits: int, sketch_rotated: torch.Tensor,
+                      chunk_size: int = 16384, threads: int | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """TurboQuant_prod (Algorithm 2) on the CPU: ``(codes, sign bits, norms, residual norms)`` as
+    ``TurboQuantProd.quantize`` lays them out, for rows of ``x`` (…, d) and ``mse_bits`` ≥ 1.
+
+    The residual is formed in the rotated basis, where the MSE stage already is: with y = Π u and
+    ỹ = c[idx], r = u − Πᵀỹ = Πᵀ(y − ỹ), so ‖r‖ = ‖y − ỹ‖ and S r = (S Πᵀ)(y − ỹ). ``sketch_rotated``
+    is that d×d matrix S Πᵀ (``rotation.apply(S)``, rows Π s_i), so no inverse rotation is needed: the
+    randomized Hadamard (fused loop) or one BLAS matmul (any other rotation) gives y, one fused loop
+    gives the codes and y − ỹ, and one matmul gives the sign bits (bit 1 for S r ≥ 0, as ``QJL``).
+    """
+    if mse_bits < 1:
+        raise ValueError("quantize_prod_cpu needs an MSE stage (mse_bits >= 1)")
+    dim = rotation.dim
+    cells = _cells_for(boundaries, mse_bits)
+    centroid_values = np.ascontiguousarray(torch.as_tensor(centroids).cpu().numpy(), dtype=np.float32)
+    sketch = sketch_rotated.to(device="cpu", dtype=torch.float32)
+    lead = x.shape[:-1]
+    rows = _as_rows(x, dim)
+    n = rows.shape[0]
+    codes = np.empty((n, packed_size(dim, mse_bits)), dtype=np.uint8)
+    signs = torch.empty(n, packed_size(dim, 1), dtype=torch.uint8)
+    norms = torch.empty(n, dtype=torch.float32)
+    residual_norms = torch.empty(n, dtype=torch.float32)
+    hadamard = hadamard_state(rotation) if isinstance(rotation, RandomizedHadamard) else None
+    previous = numba.get_num_threads()
+    numba.set_num_threads(resolve_threads(threads))
+    try:
+        for start in range(0, n, chunk_size):
+            part = slice(start, min(start + chunk_size, n))
+            chunk_norms = torch.linalg.vector_norm(rows[part], dim=-1)
+            unit = rows[part] / torch.where(chunk_norms > 0, chunk_norms, torch.ones_like(chunk_norms)).unsqueeze(-1)
+            if hadamard is not None:
+                rotated = np.empty(unit.shape, np.float32)
+                hadamard_rotate(unit.numpy(), *hadamard, rotated)
+                rotated = torch.from_numpy(rotated)
+            else:
+                rotated = rotation.apply(unit.to(rotation.device)).cpu().contiguous()
+            bucketize_pack(rotated.numpy(), *cells, mse_bits, codes[part], centroid_values, True)
+            norms[part] = chunk_norms
+            residual_norms[part] = torch.linalg.vector_norm(rotated, dim=-1)
+            signs[part] = pack_codes((rotated @ sketch.T >= 0).to(torch.uint8), 1)
+    finally:
+        numba.set_num_threads(previous)
+    return (torch.from_numpy(codes).reshape(*lead, codes.shape[1]), signs.reshape(*lead, signs.shape[1]),
+            norms.reshape(lead), residual_norms.reshape(lead))
