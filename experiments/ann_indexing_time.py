@@ -280,6 +280,7 @@ def table2_markdown(df: pd.DataFrame) -> str:
     df = _with_labels(df)
     builds = df[df["measure"] == "build"]
     table = builds.pivot_table(index="method_label", columns="data", values="build_s", aggfunc="first")
+    table = table[sorted(table.columns, key=lambda data: int(builds.loc[builds["data"] == data, "dim"].iloc[0]))]
     loads = df["load_average"].dropna() if "load_average" in df else pd.Series(dtype=float)
     load_text = f"; 1-min load average {loads.min():.2f}-{loads.max():.2f} during the builds" if len(loads) else ""
     lines = [
@@ -288,7 +289,7 @@ def table2_markdown(df: pd.DataFrame) -> str:
         f"Ours: median wall time of train + add, {int(builds['n_base'].iloc[0])} vectors (" + _threads_text(df)
         + f"); shared 2-core CPU{load_text}, so absolute times carry load noise. In parentheses: "
         "rotation and the encoder that ran (numba = fused CPU encoder, torch = reference path; "
-        "'via auto' = chosen by backend='auto').",
+        "'via auto' = chosen by backend='auto'); nan = not run.",
         "",
         markdown_table(table.reset_index(), "{:.4g}"),
         "",
