@@ -64,6 +64,12 @@ def _use_triton(backend: str, device: torch.device, supported: bool) -> bool:
     return supported and device.type == "cuda" and triton_available(device)
 
 
+#: ``backend="auto"`` hands inputs of at least this many coordinates to the numba CPU encoder. Below it the
+#: torch path is faster: starting numba's parallel region costs about 0.1-10 ms (thread wake-up, more on a
+#: loaded machine), which is what a KV cache writing one token per layer and step would pay every call.
+_NUMBA_MIN_COORDINATES = 1 << 16
+
+
 def _use_numba(backend: str, device: torch.device) -> bool:
     """Whether TurboQuant_mse encoding runs the fused CPU encoder (``turboquant.kernels.quantize_cpu``).
 
@@ -207,10 +213,18 @@ class _VectorQuantizer:
     mse_bits: int
     device: torch.device
     chunk_size: int
+    backend: str = "torch"
+    _numba: bool = False  # set by quantizers with a numba CPU encoder (see _use_numba)
 
     @property
     def signature(self) -> str:
         raise NotImplementedError
+
+    def _numba_for(self, x: torch.Tensor) -> bool:
+        """Whether this call runs the numba CPU encoder: always with ``backend="numba"``; with ``"auto"`` for
+        CPU inputs of at least ``_NUMBA_MIN_COORDINATES`` coordinates (small ones are faster in torch)."""
+        return self._numba and x.device.type == "cpu" and (
+            self.backend == "numba" or x.numel() >= _NUMBA_MIN_COORDINATES)
 
     def _validated(self, x: torch.Tensor, name: str = "x") -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
@@ -321,7 +335,7 @@ class TurboQuantMSE(_VectorQuantizer):
 
             codes, norms = quantize_mse_triton(x.reshape(-1, self.dim).to(self.device), self.rotation.matrix(),
                                                self.codebook.boundaries, self.bits, norms_dtype=_NORM_DTYPE)
-        elif self._numba and x.device.type == "cpu":
+        elif self._numba_for(x):
             from .kernels.quantize_cpu import quantize_mse_cpu
 
             codes, norms = quantize_mse_cpu(x.reshape(-1, self.dim), self.rotation, self.codebook.boundaries,
@@ -510,7 +524,7 @@ class TurboQuantProd(_VectorQuantizer):
                                     qjl_signs=signs.reshape(*lead, -1), residual_norms=residual_norms.reshape(lead),
                                     dim=self.dim, bits=self.bits, mse_bits=self.mse_bits,
                                     signature=self.signature, dtype=x.dtype)
-        if self._numba and x.device.type == "cpu":
+        if self._numba_for(x):
             from .kernels.quantize_cpu import quantize_prod_cpu
 
             if self._sketch_rotated is None:

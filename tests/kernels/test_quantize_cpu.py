@@ -157,3 +157,23 @@ def test_dispatch(monkeypatch):
     with pytest.raises(ValueError, match="needs the numba package"):
         tq.TurboQuantMSE(16, 2, backend="numba")
     assert not tq.TurboQuantMSE(16, 2, backend="auto")._numba  # falls back to the torch path
+
+
+@pytest.mark.parametrize("cls", [tq.TurboQuantMSE, tq.TurboQuantProd])
+def test_auto_keeps_small_inputs_on_the_torch_path(cls, monkeypatch) -> None:
+    """A KV cache writes one token per layer per step: numba's parallel start-up would cost more than the work."""
+    from turboquant.kernels import quantize_cpu
+
+    calls = []
+    for name in ("quantize_mse_cpu", "quantize_prod_cpu"):
+        original = getattr(quantize_cpu, name)
+        monkeypatch.setattr(quantize_cpu, name, lambda *a, _f=original, **k: calls.append(1) or _f(*a, **k))
+    q = cls(64, 3, backend="auto")
+    small = torch.randn(4, 64)
+    large = torch.randn(quantizers._NUMBA_MIN_COORDINATES // 64, 64)
+    q.quantize(small)
+    assert calls == []
+    q.quantize(large)
+    assert calls == [1]
+    cls(64, 3, backend="numba").quantize(small)
+    assert calls == [1, 1], "an explicit backend='numba' always runs the encoder"

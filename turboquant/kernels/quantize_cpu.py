@@ -35,7 +35,7 @@ import math
 import numba
 import numpy as np
 import torch
-from numba import literally, njit, prange
+from numba import njit, prange
 
 from ..packing import pack_codes, packed_size
 from ..rotation import RandomizedHadamard, Rotation
@@ -218,7 +218,6 @@ def _hadamard_rounds(x, divisor, bufs, signs, perms, block, levels, permute):
 def hadamard_quantize(x, signs, perms, block, levels, permute, cell_base, cell_midpoint, cell_scale, cell_offset,
                       bits, codes, norms):
     """codes[i], norms[i] for every row x[i] (float32): normalise, randomized Hadamard, bucketize, pack."""
-    literally(bits)  # one specialisation per code width: the packing loops unroll
     n, dim = x.shape
     tasks = (n + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
     for task in prange(tasks):
@@ -249,7 +248,6 @@ def hadamard_rotate(x, signs, perms, block, levels, permute, out):
 def bucketize_pack(y, cell_base, cell_midpoint, cell_scale, cell_offset, bits, codes, centroids, residual):
     """codes[i] = the packed nearest-centroid indices of the rotated unit vector y[i] (float32); with
     ``residual``, also y[i] <- y[i] − centroids[indices] in place (TurboQuant_prod's residual, rotated)."""
-    literally(bits)
     n, dim = y.shape
     tasks = (n + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK
     for task in prange(tasks):
