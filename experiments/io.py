@@ -241,7 +241,10 @@ class ResultStore:
             old = self._read_csv()
             old = old[old["unit_id"] != unit_id]  # a unit is written whole, exactly once
             frames = [df for df in (old, new) if not df.empty]
-            merged = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+            columns = list(dict.fromkeys(c for df in frames for c in df.columns))
+            # all-NA columns (a field this unit does not have, e.g. a seed) take no part in the dtypes
+            merged = (pd.concat([df.dropna(axis=1, how="all") for df in frames], ignore_index=True)
+                      .reindex(columns=columns) if len(frames) > 1 else frames[0])
             _atomic_write_text(self.csv_path, merged.to_csv(index=False))
 
     def frame(self, units: Sequence[Mapping[str, Any]] | None = None, all_configs: bool = False) -> pd.DataFrame:
