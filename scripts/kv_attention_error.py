@@ -65,7 +65,7 @@ def capture(model, input_ids: torch.Tensor, n_queries: int) -> list[dict[str, to
     handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers]
     try:
         cache = build_cache("full", model.config)
-        model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        model(input_ids=input_ids, cache=cache, use_cache=True)
     finally:
         for handle in handles:
             handle.remove()
