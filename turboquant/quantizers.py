@@ -520,11 +520,7 @@ class TurboQuantProd(_VectorQuantizer):
             codes, signs, norms, residual_norms = quantize_prod_triton(
                 x.reshape(-1, self.dim).to(self.device), *mse_stage, self.mse_bits, self.qjl.matrix,
                 norms_dtype=_NORM_DTYPE)
-            return QuantizedVectors(codes=codes.reshape(*lead, -1), norms=norms.reshape(lead),
-                                    qjl_signs=signs.reshape(*lead, -1), residual_norms=residual_norms.reshape(lead),
-                                    dim=self.dim, bits=self.bits, mse_bits=self.mse_bits,
-                                    signature=self.signature, dtype=x.dtype)
-        if self._numba_for(x):
+        elif self._numba_for(x):
             from .kernels.quantize_cpu import quantize_prod_cpu
 
             if self._sketch_rotated is None:
@@ -532,10 +528,16 @@ class TurboQuantProd(_VectorQuantizer):
             codes, signs, norms, residual_norms = quantize_prod_cpu(
                 x.reshape(-1, self.dim), self.mse.rotation, self.codebook.boundaries, self.mse._centroids,
                 self.mse_bits, self._sketch_rotated, self.chunk_size)
-            return QuantizedVectors(codes=codes.reshape(*lead, -1), norms=norms.reshape(lead),
-                                    qjl_signs=signs.reshape(*lead, -1), residual_norms=residual_norms.reshape(lead),
-                                    dim=self.dim, bits=self.bits, mse_bits=self.mse_bits,
-                                    signature=self.signature, dtype=x.dtype)
+        else:
+            codes, signs, norms, residual_norms = self._quantize_torch(x)
+        return QuantizedVectors(codes=codes.reshape(*lead, -1), norms=norms.to(_NORM_DTYPE).reshape(lead),
+                                qjl_signs=signs.reshape(*lead, -1),
+                                residual_norms=residual_norms.to(_NORM_DTYPE).reshape(lead), dim=self.dim,
+                                bits=self.bits, mse_bits=self.mse_bits, signature=self.signature,
+                                dtype=x.dtype)
+
+    def _quantize_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The exact reference path: (codes, QJL sign bits, norms, residual norms) of the rows of ``x``."""
         unit, norms = self._split_norms(x)
         n = unit.shape[0]
         codes = torch.empty(n, packed_size(self.dim, self.mse_bits) if self.mse else 0, dtype=torch.uint8,
@@ -550,11 +552,7 @@ class TurboQuantProd(_VectorQuantizer):
                 residual = residual - self.mse.decode_unit(indices)
             residual_norms[part] = torch.linalg.vector_norm(residual, dim=-1)
             signs[part] = self.qjl.sign_bits(residual)
-        return QuantizedVectors(codes=codes.reshape(*lead, -1), norms=norms.to(_NORM_DTYPE).reshape(lead),
-                                qjl_signs=signs.reshape(*lead, -1),
-                                residual_norms=residual_norms.to(_NORM_DTYPE).reshape(lead), dim=self.dim,
-                                bits=self.bits, mse_bits=self.mse_bits, signature=self.signature,
-                                dtype=x.dtype)
+        return codes, signs, norms, residual_norms
 
     @torch.no_grad()
     def dequantize(self, q: QuantizedVectors) -> torch.Tensor:
