@@ -395,8 +395,9 @@ def _method_order(df: pd.DataFrame, order: list[str] | None) -> list[str]:
 def seed_spread(rows: pd.DataFrame) -> tuple[int, float]:
     """``(seeds, standard error)`` of a method's mean score over its seeds: the std of the per-seed means
     over sqrt(seeds) (NaN with one seed; the cells are shared by all seeds, so this is the spread due to
-    the quantizer's random draw alone)."""
-    per_seed = rows.groupby(rows["method_seed"].fillna(-1), sort=False)["score"].mean()
+    the quantizer's random draw alone; rows without a ``method_seed`` column are one seed)."""
+    seeds = rows["method_seed"].fillna(-1) if "method_seed" in rows else pd.Series(-1, index=rows.index)
+    per_seed = rows.groupby(seeds, sort=False)["score"].mean()
     n = len(per_seed)
     return n, float(per_seed.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
 
@@ -406,8 +407,6 @@ def summary_table(df: pd.DataFrame, order: list[str] | None = None) -> pd.DataFr
     appearance), with the number of seeds and the standard error over seeds."""
     if df.empty:
         raise ValueError("no needle rows to summarise")
-    if "method_seed" not in df:
-        df = df.assign(method_seed=np.nan)
     order = _method_order(df, order)
     grouped = df.groupby("method", sort=False)
     spread = [seed_spread(grouped.get_group(m)) for m in order]
@@ -536,7 +535,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
                         ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6)
             label = rows["method_label"].iloc[0]
             bits, ratio = rows["bits_per_value"].mean(), rows["memory_ratio"].mean()
-            seeds, se = seed_spread(rows.assign(method_seed=rows.get("method_seed", np.nan)))
+            seeds, se = seed_spread(rows)
             score = f"{rows['score'].mean():.3f}" + (f" ± {se:.3f} ({seeds} seeds)" if seeds > 1 else "")
             ax.set_title(f"{textwrap.fill(label, 34)}\nmean {score}\n{bits:.2f} bits ({100 * ratio:.1f}% of 16-bit)")
             ax.set_xlabel("context length (tokens)")

@@ -365,13 +365,16 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: Path) -> list[Path]:
         ax.set_xticks(x, columns)
         ax.set_ylabel("score (×100)")
         ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
-        y = np.arange(len(table))
-        ax_delta.barh(y, table["delta_vs_full"], xerr=table["delta_se"], capsize=3,
-                      color=[colors[i % len(colors)] for i in range(len(table))])
-        ax_delta.axvline(0, color="black", linewidth=0.8)
-        ax_delta.set_yticks(y, table["method_label"].map(lambda label: textwrap.fill(str(label), 28)), fontsize=7)
-        ax_delta.invert_yaxis()
-        ax_delta.set_xlabel("Average − full cache (±1 paired SE)")
+        if "delta_vs_full" in table:  # differences exist only when a full-cache method ran (tables())
+            y = np.arange(len(table))
+            ax_delta.barh(y, table["delta_vs_full"], xerr=table["delta_se"], capsize=3,
+                          color=[colors[i % len(colors)] for i in range(len(table))])
+            ax_delta.axvline(0, color="black", linewidth=0.8)
+            ax_delta.set_yticks(y, table["method_label"].map(lambda label: textwrap.fill(str(label), 28)), fontsize=7)
+            ax_delta.invert_yaxis()
+            ax_delta.set_xlabel("Average − full cache (±1 paired SE)")
+        else:
+            ax_delta.set_visible(False)
         samples = int(df.groupby(["task", "method"]).size().min())
         provenance = df.attrs.get("provenance") or {"description": f"model: {df['model_label'].iloc[0]}; data: {df['data'].iloc[0]}"}
         fig.suptitle(figure_title(f"LongBench-E by category ({samples}+ samples per dataset and method)", provenance),

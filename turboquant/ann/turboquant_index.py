@@ -122,7 +122,9 @@ class TurboQuantIndex(VectorIndex):
 
     @property
     def encoder(self) -> str:
-        """The encoder ``add`` runs: ``"triton"``, ``"numba"`` (fused CPU encoder) or ``"torch"``."""
+        """The encoder ``add`` runs: ``"triton"``, ``"numba"`` (fused CPU encoder) or ``"torch"``. With
+        ``backend="auto"``, "numba" holds for chunks of at least 65,536 coordinates (``chunk_size`` rows × dim);
+        smaller chunks (a tiny ``add``) take the torch path, which is faster there."""
         if self.quantizer._triton:
             return "triton"
         return "numba" if self.quantizer._numba else "torch"
