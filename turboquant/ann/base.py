@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import abc
 import json
+import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 
 __all__ = ["SearchResult", "VectorIndex", "as_float_matrix", "check_k"]
 
@@ -45,7 +48,7 @@ def as_float_matrix(x: Any, dim: int, name: str) -> np.ndarray:
     Accepts NumPy arrays and CPU/GPU torch tensors (copied to host). Raises ``ValueError`` naming ``name``
     for a wrong rank, a wrong dimension, zero rows or a non-finite entry.
     """
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch.Tensor without importing torch here
+    if isinstance(x, torch.Tensor):
         x = x.detach().float().cpu().numpy()
     array = np.asarray(x)
     if array.ndim != 2:
@@ -57,9 +60,12 @@ def as_float_matrix(x: Any, dim: int, name: str) -> np.ndarray:
     if not np.issubdtype(array.dtype, np.floating):
         raise ValueError(f"{name} must hold floating-point values, got dtype {array.dtype}")
     array = np.ascontiguousarray(array, dtype=np.float32)
-    # min and max are NaN if any entry is and ±inf if one is: no (n, dim) bool temporary (0.33 s -> 0.09 s on
-    # 100k x 1536)
-    if not (np.isfinite(array.min()) and np.isfinite(array.max())):
+    # min and max are NaN if any entry is and ±inf if one is: one multi-threaded pass, no (n, dim) bool
+    # temporary (100k x 1536 on 2 cores: isfinite().all() 0.33 s, NumPy min + max 0.09 s, aminmax 0.04 s)
+    with warnings.catch_warnings():  # a read-only array (np.load mmap) is only read here
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        extremes = torch.aminmax(torch.from_numpy(array))
+    if not all(math.isfinite(float(extreme)) for extreme in extremes):
         raise ValueError(f"{name} contains NaN or infinite values")
     return array
 
