@@ -15,6 +15,11 @@ What is timed, identically for every method (same process, same threads, stated 
   fast path and the reference are timed in the same run; every row states the ``backend`` asked for,
   the ``encoder`` that really ran and the threads. The codes of the backends agree (bit for bit with
   Haar, up to float32 ties with Hadamard), so search is timed on the first backend's index only.
+* TurboQuant is also built on each CUDA device in ``devices`` (the Triton encoder; faiss methods stay on the
+  CPU). Such a build's ``add_s`` goes through the index API, host array in and packed codes back on the
+  host, so it includes both PCIe copies; an ``encode_resident`` row beside it times the quantizer alone on
+  data already on the GPU (CUDA-synchronised, median of ``repeats``), which is what the paper's GPU column
+  measures.
 * Search: after a warm-up query, the held-out queries are searched in one batch and the first
   ``single_queries`` one at a time (queries/s for each); recall@1@1 and recall@1@k at the search ``k`` on
   the timed queries are stated with each throughput. TurboQuant is timed with both scorers (``dense``:
@@ -134,24 +139,51 @@ def _lut_twin(index: TurboQuantIndex) -> TurboQuantIndex:
     return twin
 
 
+def _devices(cfg: Any) -> list[str]:
+    """``experiment.devices``, checked: "cpu" and CUDA devices that exist here."""
+    devices = [str(device) for device in cfg.experiment.get("devices", ["cpu"])]
+    for device in devices:
+        if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
+            raise ValueError(f"experiment.devices lists {device!r}, but this machine has no such device "
+                             f"(CUDA available: {torch.cuda.is_available()}); use devices=[cpu]")
+    return devices
+
+
 def _method_runs(cfg: Any) -> list[tuple[str, dict[str, Any]]]:
-    """(method, constructor options) pairs: TurboQuant once per rotation in ``rotations`` and backend in
-    ``backends``."""
+    """(method, constructor options) pairs: TurboQuant once per device in ``devices``, rotation in
+    ``rotations`` and backend in ``backends``; faiss methods once, on the CPU."""
     runs = []
     for method in cfg.experiment.methods:
         if method.startswith("turboquant"):
-            runs += [(method, {"rotation": r, "seed": int(cfg.seed), "backend": b})
-                     for r in cfg.experiment.rotations for b in cfg.experiment.backends]
+            runs += [(method, {"rotation": r, "seed": int(cfg.seed), "backend": b, "device": device})
+                     for device in _devices(cfg) for r in cfg.experiment.rotations for b in cfg.experiment.backends]
         else:
             runs.append((method, {}))
     return runs
+
+
+def _resident_encode(index: TurboQuantIndex, base: np.ndarray, repeats: int) -> dict[str, Any]:
+    """Median seconds of the index's quantizer on ``base`` already on its CUDA device (synchronised)."""
+    x = torch.from_numpy(base).to(index.device)
+    quantize = index.quantizer.quantize
+    quantize(x[: min(2048, len(x))])  # warm-up (kernel compilation)
+    times = []
+    for _ in range(max(1, repeats)):
+        torch.cuda.synchronize(index.device)
+        start = time.perf_counter()
+        quantize(x)
+        torch.cuda.synchronize(index.device)
+        times.append(time.perf_counter() - start)
+    return {"measure": "encode_resident", "add_s": statistics.median(times), "build_s": statistics.median(times),
+            "build_s_min": min(times), "repeats_done": len(times)}
 
 
 def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     exp = cfg.experiment
     sizes = experiment_sizes(cfg)
     threads = set_threads(int(exp.threads))
-    machine = {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__, **threads}
+    machine = {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__, **threads,
+               "gpus": [torch.cuda.get_device_name(device) for device in _devices(cfg) if device != "cpu"]}
     bits = int(exp.bits)
     provenance = dict(store.provenance().get("datasets", {}))
     all_units = []
@@ -159,7 +191,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         units = [
             {"data": name, "dataset_config_id": config_hash(dataset_cfg), "n_base": int(sizes.n_base),
              "n_queries": int(sizes.n_queries), "method": method, "rotation": options.get("rotation", ""),
-             "backend": options.get("backend", "")}
+             "backend": options.get("backend", ""), "device": options.get("device", "cpu")}
             for method, options in _method_runs(cfg)
         ]
         all_units += units
@@ -174,18 +206,24 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         for unit, options in tqdm(todo, desc=f"ann_indexing_time {name}"):
             builds, built = _timed_builds(unit["method"], bits, data, options, int(exp.repeats), float(exp.cheap_s))
             encoder = built.index.encoder if isinstance(built.index, TurboQuantIndex) else "faiss"
+            on_gpu = unit["device"] != "cpu"
             common = {"dim": data.dim, "bits": bits, "bits_per_coordinate": built.index.bits_per_coordinate,
-                      "encoder": encoder, **threads}
+                      "encoder": encoder, "gpu": torch.cuda.get_device_name(unit["device"]) if on_gpu else "",
+                      "cpu_cores": os.cpu_count(), **threads}
             rows = [{
                 "measure": "build", "scorer": "", "build_s": _median(builds, "build_s"),
                 "train_s": _median(builds, "train_s"), "add_s": _median(builds, "add_s"),
                 "setup_s": _median(builds, "setup_s"), "build_s_min": min(b.build_s for b in builds),
                 "repeats_done": len(builds), "load_average": os.getloadavg()[0], **common,
             }]
+            if on_gpu:
+                rows.append({**_resident_encode(built.index, data.base, int(exp.repeats)), "scorer": "", **common})
             n_queries, single = data.queries.shape[0], int(exp.single_queries)
             batches = [(n_queries, n_queries), (1, single)]
             indexes = {"": (built.index, batches)}
-            if isinstance(built.index, TurboQuantIndex) and built.index.supports_lut:
+            if isinstance(built.index, TurboQuantIndex) and built.index.kernel_search:
+                indexes = {"kernel": (built.index, batches)}  # the Triton scores kernel; no CPU scorer on the GPU
+            elif isinstance(built.index, TurboQuantIndex) and built.index.supports_lut:
                 # per-query tables cost m·n·d/g gathers: timed one query at a time only
                 indexes = {"dense": (built.index, batches), "lut": (_lut_twin(built.index), [(1, single)])}
             if unit["backend"] and unit["backend"] != exp.backends[0]:
@@ -197,22 +235,24 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     return store.frame(units=all_units)
 
 
-def _label(method: str, rotation: str, encoder: str = "", backend: str = "") -> str:
-    """e.g. ``TurboQuant_mse (hadamard, numba via auto)``: the method, its rotation, the encoder that ran
-    and, when it was chosen automatically, the backend asked for."""
+def _label(method: str, rotation: str, encoder: str = "", backend: str = "", gpu: str = "") -> str:
+    """e.g. ``TurboQuant_mse (hadamard, numba via auto)`` or ``TurboQuant_mse (haar, triton via auto, NVIDIA
+    H200)``: the method, its rotation, the encoder that ran, the backend asked for when it was chosen
+    automatically, and the GPU when it ran on one."""
     label = METHOD_LABELS.get(method, method)
     ran = "" if encoder == "faiss" else encoder
     if ran and backend and backend != encoder:
         ran = f"{ran} via {backend}"
-    details = [part for part in (rotation, ran) if isinstance(part, str) and part]
+    details = [part for part in (rotation, ran, gpu) if isinstance(part, str) and part]
     return f"{label} ({', '.join(details)})" if details else label
 
 
 def _with_labels(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
-    for column in ("rotation", "backend", "encoder"):
+    for column in ("rotation", "backend", "encoder", "gpu"):
         df[column] = df[column].fillna("") if column in df else ""
-    df["method_label"] = [_label(*labels) for labels in zip(df["method"], df["rotation"], df["encoder"], df["backend"])]
+    df["method_label"] = [_label(*labels) for labels in
+                          zip(df["method"], df["rotation"], df["encoder"], df["backend"], df["gpu"])]
     return df
 
 
@@ -227,36 +267,46 @@ def _fast_turboquant(builds: pd.DataFrame, method: str, rotation: str) -> pd.Dat
 
 #: (method, paper-numbers label, dimension) rows of Table 2 that experiments/paper_numbers.yaml lists
 PAPER_ROWS = (("turboquant_mse", "turboquant", 200), ("turboquant_mse", "turboquant", 1536),
-              ("turboquant_mse", "turboquant", 3072), ("pq", "pq", 1536))
+              ("turboquant_mse", "turboquant", 3072), ("pq", "pq", 200), ("pq", "pq", 1536), ("pq", "pq", 3072))
 
 
 def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Build seconds of 100k-vector indexes on random unit vectors at the paper's dimensions (Table 2);
-    TurboQuant as the paper's Haar rotation with the fastest encoder in the run."""
-    builds = _with_labels(df[(df["measure"] == "build") & (df["n_base"] == 100_000) & df["build_s"].notna()])
+    """Build seconds of 100k-vector indexes on random unit vectors at the paper's dimensions (Table 2).
+
+    TurboQuant as the paper's Haar rotation: timed on a GPU with the data already there when such a row
+    exists (the paper's A100 column), else the fastest CPU encoder of the run."""
+    df = _with_labels(df[(df["n_base"] == 100_000) & df["build_s"].notna()])
+    builds, resident = df[df["measure"] == "build"], df[df["measure"] == "encode_resident"]
     out = []
     for method, label, dim in PAPER_ROWS:
-        rows = builds[builds["data"] == f"random_sphere_d{dim}"]
-        rows = _fast_turboquant(rows, method, "haar") if method == "turboquant_mse" else rows[rows["method"] == method]
+        data = f"random_sphere_d{dim}"
+        rows, where = builds[(builds["data"] == data) & (builds["method"] == method)], "this run's CPU"
+        if method == "turboquant_mse":
+            on_gpu = resident[(resident["data"] == data) & (resident["method"] == method)
+                              & (resident["rotation"] == "haar")]
+            rows, where = ((on_gpu, "data resident on the GPU") if len(on_gpu)
+                           else (_fast_turboquant(builds[builds["data"] == data], method, "haar"), where))
         if len(rows):
             row = rows.iloc[-1]
+            threads = "" if row["gpu"] else f", {int(row['faiss_threads'])} faiss / {int(row['torch_threads'])} torch threads"
             out.append({"id": f"ann_indexing_time.seconds.{label}.d{dim}", "value": float(row["build_s"]),
-                        "detail": f"{row['method_label']}, {int(row['faiss_threads'])} faiss / "
-                                  f"{int(row['torch_threads'])} torch threads, this run's machine"})
+                        "detail": f"{row['method_label']}{threads}, {where}"})
     return out
 
 
-def _ratio_lines(builds: pd.DataFrame) -> list[str]:
-    """PQ training time and PQ build time over each TurboQuant build time, per data set (same run)."""
+def _ratio_lines(timings: pd.DataFrame) -> list[str]:
+    """PQ training time and PQ build time over each TurboQuant time (build rows, and encode_resident rows
+    marked as such), per data set (same run)."""
     lines = []
-    for data, part in builds.groupby("data"):
-        pq = part[part["method"] == "pq"]
+    for data, part in timings.groupby("data"):
+        pq = part[(part["method"] == "pq") & (part["measure"] == "build")]
         if pq.empty:
             continue
         train_s, build_s = float(pq["train_s"].iloc[0]), float(pq["build_s"].iloc[0])
         for _, tq_row in part[part["method"].str.startswith("turboquant")].iterrows():
-            lines.append(f"- {data}: PQ training {train_s:.4g} s (build {build_s:.4g} s) / {tq_row['method_label']} "
-                         f"{tq_row['build_s']:.4g} s = {train_s / tq_row['build_s']:.0f}x "
+            resident = " [data on the GPU]" if tq_row["measure"] == "encode_resident" else ""
+            lines.append(f"- {data}: PQ training {train_s:.4g} s (build {build_s:.4g} s) / {tq_row['method_label']}"
+                         f"{resident} {tq_row['build_s']:.4g} s = {train_s / tq_row['build_s']:.0f}x "
                          f"(build: {build_s / tq_row['build_s']:.0f}x)")
     return lines
 
@@ -287,7 +337,7 @@ def table2_markdown(df: pd.DataFrame) -> str:
         "# Indexing time (seconds), 4 bits: this machine vs the paper's Table 2 (arXiv v1)",
         "",
         f"Ours: median wall time of train + add, {int(builds['n_base'].iloc[0])} vectors (" + _threads_text(df)
-        + f"); shared 2-core CPU{load_text}, so absolute times carry load noise. In parentheses: "
+        + f"); {_machine_text(df)}{load_text} (the CPU is shared, so absolute times carry load noise). In parentheses: "
         "rotation and the encoder that ran (numba = fused CPU encoder, torch = reference path; "
         "'via auto' = chosen by backend='auto'); nan = not run.",
         "",
@@ -303,8 +353,14 @@ def table2_markdown(df: pd.DataFrame) -> str:
         "",
         "## PQ training time / TurboQuant indexing time (same run, same data)",
         "",
-        *_ratio_lines(builds),
+        *_ratio_lines(df[df["measure"].isin(["build", "encode_resident"])]),
     ]
+    resident = df[df["measure"] == "encode_resident"]
+    if not resident.empty:
+        table = resident.pivot_table(index="method_label", columns="data", values="add_s", aggfunc="first")
+        lines += ["", "## TurboQuant on the GPU, data already on the device (median seconds, CUDA-synchronised)", "",
+                  "The build rows above for the same GPU go through `TurboQuantIndex.add`: host array in, codes back "
+                  "on the host, so they include both PCIe copies.", "", markdown_table(table.reset_index(), "{:.4g}")]
     speedups = _encoder_speedups(builds)
     if speedups:
         lines += ["", "## TurboQuant encoders: torch reference / fast path (same run)", "", *speedups]
@@ -315,6 +371,14 @@ def table2_markdown(df: pd.DataFrame) -> str:
         cols = ["data", "method", "batch", "queries_timed", "queries_per_s", "search_k", "recall_at_1", "recall_at_k"]
         lines += ["", "## Search throughput (same run)", "", markdown_table(searches[cols], "{:.3g}")]
     return "\n".join(lines) + "\n"
+
+
+def _machine_text(df: pd.DataFrame) -> str:
+    """e.g. ``2-core CPU; GPU rows: NVIDIA H200``, from the rows' ``cpu_cores`` and ``gpu`` columns."""
+    cores = sorted({int(c) for c in df["cpu_cores"].dropna()}) if "cpu_cores" in df else []
+    text = f"{'/'.join(map(str, cores))}-core CPU" if cores else "CPU"
+    gpus = sorted({g for g in df["gpu"].dropna() if g}) if "gpu" in df else []
+    return text + (f"; GPU rows: {', '.join(gpus)}" if gpus else "")
 
 
 def _threads_text(df: pd.DataFrame) -> str:
@@ -329,12 +393,14 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
     """Build time against dimension (log scale) per method, and the Table 2 comparison as Markdown."""
     if df.empty:
         return []
-    builds = _with_labels(df[df["measure"] == "build"])
+    df = _with_labels(df)
+    builds = df[df["measure"] == "build"]
+    resident = df[df["measure"] == "encode_resident"].assign(method_label=lambda d: d["method_label"] + " [data on GPU]")
     with figure_style():
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        groups = list(builds.groupby("method_label", sort=False))
+        groups = list(pd.concat([builds, resident]).groupby("method_label", sort=False))
         palette = plt.get_cmap("tab20").colors  # dark shades first, then light; greys are the paper's
         colors = [palette[i] for i in (*range(0, 20, 2), *range(1, 20, 2)) if i not in (14, 15)]
         markers = "osD^vP*X<>"
@@ -354,7 +420,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
         n_base = int(builds["n_base"].iloc[0])
         loads = builds["load_average"].dropna() if "load_average" in builds else pd.Series(dtype=float)
         load = f", load avg {loads.min():.1f}-{loads.max():.1f}" if len(loads) else ""
-        ax.set_title(f"Indexing time, {int(builds['bits'].iloc[0])} bits, {n_base} vectors, this 2-core CPU{load}\n"
+        ax.set_title(f"Indexing time, {int(builds['bits'].iloc[0])} bits, {n_base} vectors, {_machine_text(df)}{load}\n"
                      f"({_threads_text(df)})\nvs arXiv v1 Table 2 (TurboQuant on A100, RaBitQ 1-core Python)", fontsize=7)
         ax.legend(fontsize=5.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()

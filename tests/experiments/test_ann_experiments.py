@@ -98,3 +98,41 @@ def test_ann_indexing_time_runs_and_writes_the_table(tmp_path):
     text = paths[-1].read_text()
     assert "239.75" in text and "PQ training time / TurboQuant" in text and "queries_per_s" in text
     assert "TurboQuant_mse (hadamard, numba via auto)" in text and "torch reference / fast path" in text
+
+
+def test_ann_indexing_time_rejects_a_missing_gpu(tmp_path, monkeypatch):
+    from experiments import ann_indexing_time
+
+    monkeypatch.setattr(ann_indexing_time.torch.cuda, "is_available", lambda: False)
+    cfg = _config("ann_indexing_time", ["experiment.devices=[cpu,cuda]"])
+    with open_dict(cfg):
+        cfg.paths.results_dir = str(tmp_path / "results")
+    store = ResultStore(cfg.paths.results_dir, "ann_indexing_time", cfg, ann_indexing_time.RESULT_KEYS)
+    with pytest.raises(ValueError, match="no such device"):
+        ann_indexing_time.run(cfg, store)
+
+
+def test_ann_indexing_time_paper_rows_prefer_gpu_resident_timings():
+    """Table 2's TurboQuant column is an A100 time: a GPU encode on resident data is compared when present,
+    the fastest CPU encoder otherwise; PQ always from its CPU build."""
+    import pandas as pd
+
+    from experiments import ann_indexing_time
+
+    common = {"data": "random_sphere_d1536", "n_base": 100_000, "dim": 1536, "rotation": "haar", "backend": "auto",
+              "faiss_threads": 2, "torch_threads": 2}
+    rows = [
+        {**common, "method": "turboquant_mse", "measure": "build", "encoder": "numba", "gpu": "", "build_s": 0.8},
+        {**common, "method": "turboquant_mse", "measure": "build", "encoder": "triton", "gpu": "GPU X", "build_s": 0.3},
+        {**common, "method": "pq", "measure": "build", "encoder": "faiss", "gpu": "", "rotation": "", "build_s": 400.0},
+    ]
+    cpu_only = {r["id"]: r for r in ann_indexing_time.paper_comparison(pd.DataFrame(rows[:1] + rows[2:]))}
+    assert cpu_only["ann_indexing_time.seconds.turboquant.d1536"]["value"] == 0.8
+    rows.append({**common, "method": "turboquant_mse", "measure": "encode_resident", "encoder": "triton",
+                 "gpu": "GPU X", "build_s": 0.005})
+    found = {r["id"]: r for r in ann_indexing_time.paper_comparison(pd.DataFrame(rows))}
+    assert found["ann_indexing_time.seconds.turboquant.d1536"]["value"] == 0.005
+    assert "GPU X" in found["ann_indexing_time.seconds.turboquant.d1536"]["detail"]
+    assert found["ann_indexing_time.seconds.pq.d1536"]["value"] == 400.0
+    text = ann_indexing_time.table2_markdown(pd.DataFrame(rows).assign(train_s=0.0, add_s=pd.DataFrame(rows)["build_s"]))
+    assert "data already on the device" in text and "[data on the GPU] 0.005 s" in text
