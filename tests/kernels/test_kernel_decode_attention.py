@@ -1,9 +1,16 @@
 """Split-KV decode attention over a packed cache against float64 attention over the dequantized cache."""
+import math
+
 import pytest
 import torch
 
 import turboquant as tq
 from turboquant.kernels.decode_attention import (
+    CacheFormat,
+    ChannelGroup,
+    GroupFields,
+    decode_attention_groups_reference,
+    decode_attention_groups_triton,
     decode_attention_reference,
     decode_attention_triton,
 )
@@ -63,17 +70,109 @@ def test_bad_inputs_raise(device, generator):
     with pytest.raises(ValueError, match="seq_lens"):
         decode_attention_triton(*tensors, seq_lens.float(), **common)
     with pytest.raises(ValueError, match="bytes"):
-        decode_attention_triton(*tensors, seq_lens, **{**common, "k_bits": 3})
+        decode_attention_triton(*tensors, seq_lens, **{**common, "k_bits": 3,
+                                                       "k_centroids": tq.lloyd_max_codebook(32, 3).centroids_tensor()})
 
 
 def test_log_sum_exp_matches_reference(device, generator):
     """return_lse gives log sum_t exp(scale <q, k~_t>) per (row, head): what an exact merge with other tokens needs."""
-    from turboquant.kernels.decode_attention import dequantize_cache_reference
+    from turboquant.kernels.decode_attention import dequantize_group_reference
 
     tensors, common = make_case(2, 8, 2, 70, 64, 4, 3, generator, device, q_dtype=torch.float32)
     seq_lens = torch.tensor([70, 0], dtype=torch.int32, device=device)
     out, lse = decode_attention_triton(*tensors, seq_lens, num_splits=3, block_n=16, return_lse=True, **common)
-    keys = dequantize_cache_reference(tensors[1], tensors[2], common["k_centroids"], 4, common["rotation"], 64)
+    keys = dequantize_group_reference(GroupFields(tensors[1], tensors[2]),
+                                      ChannelGroup(64, 4, common["rotation"], common["k_centroids"]))
     logits = torch.einsum("hd,htd->ht", tensors[0][0].double(), keys[0].repeat_interleave(4, dim=0)) / 8.0
     assert torch.allclose(lse[0].double(), torch.logsumexp(logits, dim=-1), atol=2e-3, rtol=0)
     assert torch.isneginf(lse[1]).all() and torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+# ------------------------------------------------------------------------------- channel groups (split, prod)
+def random_stream(batch, kv_heads, tokens, groups, generator, device, seed):
+    """Random packed fields and the ChannelGroup of each ``(dim, bits, qjl)``: uniform codes and sign bits,
+    norms in (0.1, 10.1), residual norms in (0, 1); Haar rotations, Lloyd-Max codebooks, Gaussian sketches."""
+    fields, formats = [], []
+    for part, (dim, bits, qjl) in enumerate(groups):
+        lead = (batch, kv_heads, tokens)
+        codes = tq.pack_codes(torch.randint(0, 2 ** max(bits, 1), (*lead, dim), generator=generator), bits) \
+            if bits else torch.empty(*lead, 0, dtype=torch.uint8)
+        norms = (torch.rand(*lead, generator=generator) * 10 + 0.1).to(torch.float16)
+        signs = tq.pack_codes(torch.randint(0, 2, (*lead, dim), generator=generator), 1) if qjl else None
+        residual = torch.rand(*lead, generator=generator).to(torch.float16) if qjl else None
+        fields.append(GroupFields(*(None if t is None else t.to(device) for t in (codes, norms, signs, residual))))
+        formats.append(ChannelGroup(
+            dim, bits, tq.make_rotation("haar", dim, seed=seed + part).matrix().to(device) if bits else None,
+            tq.lloyd_max_codebook(dim, bits).centroids_tensor(device) if bits else None,
+            torch.randn(dim, dim, generator=generator).to(device) if qjl else None))
+    return fields, formats
+
+
+def random_permutation(batch, kv_heads, dim, generator, device):
+    return torch.rand(batch, kv_heads, dim, generator=generator).argsort(dim=-1).to(device)
+
+
+@pytest.mark.parametrize("heads, kv_heads, lens, key_groups, value_groups, permute", [
+    # the 3.5-bit preset at head_dim 64: 16 outlier channels at 4 bits, 48 (not a power of two) at 3, K and V
+    (8, 2, [61, 23], [(16, 4, False), (48, 3, False)], [(16, 4), (48, 3)], True),
+    # TurboQuant_prod keys, one group: 3-bit MSE + QJL of the residual
+    (4, 2, [40, 1], [(64, 3, True)], [(64, 4)], False),
+    # 3.5-bit prod keys (split + QJL on both groups), an empty row, three splits
+    (6, 3, [0, 50, 33], [(16, 3, True), (48, 2, True)], [(16, 4), (48, 3)], True),
+    # odd group dims (partial code groups and sign bytes), QJL alone on the second group (prod at 1 bit), MHA
+    (3, 3, [37], [(10, 3, True), (30, 0, True)], [(10, 2), (30, 4)], True),
+    # keys split, values not (value_outliers=False), a GQA group of 8
+    (16, 2, [29, 17], [(12, 4, False), (36, 3, False)], [(48, 2)], True),
+])
+def test_channel_groups_match_reference(device, generator, heads, kv_heads, lens, key_groups, value_groups, permute):
+    batch, tokens, dim = len(lens), max(lens), sum(g[0] for g in key_groups)
+    keys, key_format = random_stream(batch, kv_heads, tokens, key_groups, generator, device, seed=3)
+    values, value_format = random_stream(batch, kv_heads, tokens, [(m, b, False) for m, b in value_groups],
+                                         generator, device, seed=7)
+    cache_format = CacheFormat.build(key_format, value_format, device)
+    perms = {"key_permutation": random_permutation(batch, kv_heads, dim, generator, device) if permute else None,
+             "value_permutation": (random_permutation(batch, kv_heads, dim, generator, device)
+                                   if permute and len(value_groups) == 2 else None)}
+    q = torch.randn(batch, heads, dim, generator=generator).to(device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out, lse = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, num_splits=3, block_n=16,
+                                              return_lse=True, **perms)
+    ref, ref_lse = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format, return_lse=True,
+                                                     **perms)
+    filled = seq_lens > 0
+    assert rel_err(out[filled], ref[filled]) < 3e-3  # fp16 operands, fp32 accumulation and output
+    assert torch.allclose(lse[filled].double(), ref_lse[filled], atol=5e-3, rtol=0)
+    assert torch.equal(out[~filled], torch.zeros_like(out[~filled])) and torch.isneginf(lse[~filled]).all()
+
+
+def test_reference_dequantizes_as_the_library(device, generator):
+    """The reference's TurboQuant_prod group, n (Pi^T c[idx] + sqrt(pi/2)/m rho S^T z), is the library's dequantize."""
+    from turboquant.kernels.decode_attention import dequantize_group_reference
+
+    quantizer = tq.TurboQuantProd(24, 3, seed=11)
+    x = torch.randn(2, 3, 5, 24, generator=generator) * 4
+    qv = quantizer.quantize(x)
+    group = ChannelGroup(24, 2, quantizer.rotation.matrix(), quantizer.codebook.centroids_tensor(),
+                         quantizer.qjl.matrix)
+    assert group.qjl_scale == quantizer.qjl.scale == math.sqrt(math.pi / 2) / 24
+    got = dequantize_group_reference(GroupFields(qv.codes, qv.norms, qv.qjl_signs, qv.residual_norms), group)
+    assert torch.allclose(got.float(), quantizer.dequantize(qv), atol=1e-5, rtol=1e-5)
+
+
+def test_channel_group_formats_are_checked(device, generator):
+    rot = tq.make_rotation("haar", 16, seed=0).matrix()
+    with pytest.raises(ValueError, match="1-4 bits"):
+        ChannelGroup(16, 5, rot, torch.zeros(32))
+    with pytest.raises(ValueError, match="needs a QJL sketch"):
+        ChannelGroup(16, 0)
+    with pytest.raises(ValueError, match="centroids"):
+        ChannelGroup(16, 2, rot, torch.zeros(8))
+    group = ChannelGroup(16, 2, rot, torch.zeros(4))
+    with pytest.raises(ValueError, match="no QJL stage"):
+        CacheFormat.build([group], [ChannelGroup(16, 2, rot, torch.zeros(4), torch.eye(16))], device)
+    with pytest.raises(ValueError, match="channels"):
+        CacheFormat.build([group, group], [group], device)
+    keys, _ = random_stream(1, 2, 8, [(16, 2, True)], generator, device, seed=0)
+    with pytest.raises(ValueError, match="QJL signs"):  # the format has no sketch, the fields have signs
+        decode_attention_groups_triton(torch.randn(1, 2, 16, device=device), keys, keys,
+                                       torch.tensor([8], device=device), CacheFormat.build([group], [group], device))

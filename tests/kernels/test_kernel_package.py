@@ -14,6 +14,7 @@ def test_entry_points_resolve_to_the_op_modules():
     assert kernels.quantize_prod_triton is quantize_prod.quantize_prod_triton
     assert kernels.mse_scores_triton is scores.mse_scores_triton
     assert kernels.decode_attention_triton is decode_attention.decode_attention_triton
+    assert kernels.decode_attention_groups_triton is decode_attention.decode_attention_groups_triton
     with pytest.raises(AttributeError):
         getattr(kernels, "no_such_kernel")  # noqa: B009 - the module __getattr__ is what is tested
 

@@ -44,6 +44,9 @@ def greedy(model, ids, cache, fused: bool):
     ({"key_bits": 4, "value_bits": 4}, 1),                                          # every token quantized at once
     ({"key_bits": 3, "value_bits": 2, "residual_length": 16, "center_keys": True}, 1),  # window + key mean restored
     ({"key_bits": 4, "value_bits": 3, "boundary_layers": 1, "rotation": "hadamard"}, 2),  # fp16 layers 0 and 2
+    ({"bits": 3.5, "residual_length": 16}, 2),           # outlier split (16 + 48 channels), per-row channel orders
+    ({"key_variant": "prod"}, 1),                        # TurboQuant_prod keys: 3-bit MSE + QJL sign bits
+    ({"bits": 3.5, "key_variant": "prod", "center_keys": True}, 1),  # split + prod + key mean restored
 ])
 def test_fused_matches_workspace_path(tiny_model, prompt_ids, options, batch):
     ids = torch.cat([prompt_ids[:, :PROMPT], prompt_ids[:, 150:150 + PROMPT]])[:batch]
@@ -89,12 +92,21 @@ def test_padded_batch_takes_the_torch_path(tiny_model, prompt_ids):
 
 
 def test_unsupported_configurations_name_the_reason(tiny_model):
-    assert fused_decode_unsupported(TurboQuantCacheConfig()) is None
-    assert "QJL" in fused_decode_unsupported(TurboQuantCacheConfig(key_variant="prod"))
-    assert "outlier" in fused_decode_unsupported(TurboQuantCacheConfig(key_bits=3, outlier_channels=16))
+    """Only MSE code widths above the kernels' 4 bits remain (TurboQuant_prod keys store bits - 1 of them)."""
+    served = [
+        TurboQuantCacheConfig(), TurboQuantCacheConfig(key_variant="prod", key_bits=5),
+        TurboQuantCacheConfig(key_bits=3, value_bits=3, outlier_channels=16),                    # outliers at 4 bits
+        TurboQuantCacheConfig(key_bits=4, value_bits=3, key_variant="prod", outlier_channels=16),  # 5-bit prod
+        TurboQuantCacheConfig(key_bits=1, value_bits=2, key_variant="prod", outlier_channels=16),  # QJL alone
+        TurboQuantCacheConfig(outlier_channels=16, value_outliers=False, outlier_key_bits=4),
+    ]
+    assert all(fused_decode_unsupported(config) is None for config in served)
     assert "value_bits=6" in fused_decode_unsupported(TurboQuantCacheConfig(value_bits=6))
-    with pytest.raises(ValueError, match="outlier"):
-        build_fused_turboquant_cache(tiny_model.config, bits=3.5)
+    assert "key_bits=6 (5-bit MSE codes + QJL signs)" in fused_decode_unsupported(
+        TurboQuantCacheConfig(key_variant="prod", key_bits=6))
+    assert "outlier_value_bits=5" in fused_decode_unsupported(TurboQuantCacheConfig(key_bits=3, outlier_channels=16))
+    with pytest.raises(ValueError, match="outlier_key_bits=5"):
+        build_fused_turboquant_cache(tiny_model.config, bits=4.5)
 
 
 def test_attention_implementation_is_restored(tiny_model):

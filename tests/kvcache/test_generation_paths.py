@@ -66,9 +66,19 @@ def test_fused_path_runs_and_matches_the_workspace_path(loaded, prompt_ids, monk
     assert loaded.model.config._attn_implementation == implementation  # restored after generation
 
 
+@pytest.mark.parametrize("options", [
+    {"bits": 3.5, "residual_length": 16},   # outlier split (two channel groups per vector), as turboquant_3p5_window
+    {"bits": 3.5, "key_variant": "prod"},   # split + QJL sign bits of the residual, as turboquant_3p5_prod
+])
+def test_split_and_prod_caches_take_the_fused_path(loaded, prompt_ids, options):
+    fused = generate(loaded, prompt_ids, "turboquant", options)
+    workspace = generate(loaded, prompt_ids, "turboquant", {**options, "fused_decode": False})
+    assert (fused.attention_path, workspace.attention_path) == ("fused", "workspace")
+    assert fused.text == workspace.text and fused.cache_nbytes == workspace.cache_nbytes
+
+
 @pytest.mark.parametrize("method, options", [
-    ("turboquant", {"bits": 3.5}),                      # outlier split: the kernel reads one channel group
-    ("turboquant", {"bits": 3, "key_variant": "prod"}),  # QJL signs
+    ("turboquant", {"bits": 6}),                        # 6-bit codes: the kernels implement 1-4
     ("kivi", {"bits": 4, "residual_length": 32}),       # not TurboQuant codes
 ])
 def test_caches_the_kernel_does_not_serve_take_the_workspace_path(loaded, prompt_ids, method, options):
@@ -76,8 +86,8 @@ def test_caches_the_kernel_does_not_serve_take_the_workspace_path(loaded, prompt
 
 
 def test_forcing_the_fused_path_never_falls_back_silently(loaded, prompt_ids):
-    with pytest.raises(ValueError, match="outlier"):
-        generate(loaded, prompt_ids, "turboquant", {"bits": 3.5, "fused_decode": True})
+    with pytest.raises(ValueError, match="key_bits=6"):
+        generate(loaded, prompt_ids, "turboquant", {"bits": 6, "fused_decode": True})
     with pytest.raises(ValueError, match="decode_fn"):
         build_cache("turboquant", loaded.model.config, bits=4, fused_decode=True, decode_fn=lambda e, f: e.decode(f))
 
@@ -86,6 +96,7 @@ def test_reasons_the_fused_path_is_unavailable(tiny_config, monkeypatch):
     cache = build_cache("turboquant", tiny_config, bits=4)
     assert fused_decode_unavailable(cache, "cpu") is None  # under the interpreter
     assert "no TurboQuant layer" in fused_decode_unavailable(build_cache("full", tiny_config), "cpu")
-    assert "outlier" in fused_decode_unavailable(build_cache("turboquant", tiny_config, bits=2.5), "cpu")
+    assert fused_decode_unavailable(build_cache("turboquant", tiny_config, bits=2.5, key_variant="prod"), "cpu") is None
+    assert "key_bits=5" in fused_decode_unavailable(build_cache("turboquant", tiny_config, bits=5), "cpu")
     monkeypatch.delenv("TRITON_INTERPRET")
     assert "TRITON_INTERPRET=1" in fused_decode_unavailable(cache, "cpu")

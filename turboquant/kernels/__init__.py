@@ -8,7 +8,9 @@ quantize (Alg. 2)      :func:`quantize_prod_triton` (``quantize_prod``): (b-1)-b
                        bits, norms and residual norms (dim <= 256)
 scores                 :func:`mse_scores_triton` (``scores``): <q, k~> for packed keys, q rotated
 decode attention       :func:`decode_attention_triton` (``decode_attention``): flash-decoding over a
-                       packed K/V cache, GQA, split-KV, variable lengths
+                       packed K/V cache, GQA, split-KV, variable lengths;
+                       :func:`decode_attention_groups_triton` for any TurboQuant cache layout: outlier
+                       channel split (two channel groups, per-head channel order), TurboQuant_prod keys
 =====================  =========================================================================
 
 Every kernel reads and writes the library's packed layout (``turboquant.pack_codes``), so the
@@ -26,6 +28,7 @@ import os
 import torch
 
 __all__ = [
+    "decode_attention_groups_triton",
     "decode_attention_triton",
     "mse_scores_triton",
     "quantize_mse_triton",
@@ -49,6 +52,7 @@ _ENTRY_POINTS = {
     "quantize_prod_triton": "quantize_prod",
     "mse_scores_triton": "scores",
     "decode_attention_triton": "decode_attention",
+    "decode_attention_groups_triton": "decode_attention",
 }
 
 

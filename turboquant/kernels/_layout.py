@@ -23,8 +23,9 @@ b = 1, 2, 4, one byte per group) and takes code ``k`` of every group with one sh
 back into coordinate order in registers, the kernels multiply that tile with the matching
 coordinates of the other operand, which the host lays out in *stream order* once (position
 ``k * groups + g`` holds coordinate ``g * codes_per_group + k``: ``scores.stream_queries``,
-``quantize.stream_rotation``). Only the generic value path of decode attention (widths other than
-4 bits) builds a full stream-order tile (``words_to_stream_codes``).
+``quantize.stream_rotation``, and for decode attention the columns of ``CacheFormat.query_map``, which
+also reads QJL sign bits as 1-bit codes). Only the generic value path of decode attention (widths other
+than 4 bits) builds a full stream-order tile (``words_to_stream_codes``).
 """
 from __future__ import annotations
 

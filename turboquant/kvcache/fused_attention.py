@@ -3,7 +3,7 @@
 ``TurboQuantLayer`` on its own materialises decoded keys and values (a 16-bit *workspace*) so that the
 model's stock attention can read them. Here, for decode steps (one new query token), attention reads the
 packed store instead, through the Triton flash-decoding kernel
-(:func:`turboquant.kernels.decode_attention_triton`), and the decoded workspace is never built.
+(:func:`turboquant.kernels.decode_attention_groups_triton`), and the decoded workspace is never built.
 
 A decode step of a quantized layer attends over three parts of the sequence:
 
@@ -25,14 +25,13 @@ and attention must see ``k~`` (the new token's key is exact): ``<q, k~ + mu> = <
 ``scale * <q, mu>`` is common to every packed token of a (row, query head), so ``o_p`` is unchanged and only
 ``lse_p`` moves by it before the merge. Exact.
 
-What the kernel does not do, and the torch path used instead (decided once per cache, with the reason
-returned by :func:`fused_decode_unsupported`):
-
-- ``key_variant="prod"`` (QJL sign bits of the residual): the kernel scores MSE codes only;
-- an outlier channel split (the fractional-bit presets 2.5 / 3.5): each vector is two channel groups with
-  their own rotation, codebook, bit width and norm, in a per-(row, head) channel order; a logit is the sum
-  over both groups, so it cannot be assembled from two runs of a one-group kernel;
-- more than 4 bits (the kernels implement 1-4).
+Configurations. The kernel reads every TurboQuant layout of this package: TurboQuant_mse or TurboQuant_prod keys
+(the QJL sign bits of the residual are one more stage of the logit, a 1-bit code against ``gamma S q``), with or
+without the outlier channel split of the fractional-bit presets (2.5 / 3.5 bits: two channel groups per vector,
+each with its own rotation, codebook, bit width and norm, in a per-(row, KV head) channel order, which the kernel
+applies to the query and undoes on the output; see :mod:`turboquant.kernels.decode_attention` for the math).
+What remains, named by :func:`fused_decode_unsupported` and served by the workspace path instead: MSE codes wider
+than 4 bits (the kernels implement 1-4; TurboQuant_prod keys store ``bits - 1``-bit codes, so prod runs up to 5).
 
 At run time a decode step also takes the torch path (decode the packed store, then ``sdpa``) when the
 attention mask hides some cached token (left-padded batches: the kernel has no per-token mask) and for a
@@ -54,10 +53,11 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+import turboquant as tq
 from turboquant.kernels import triton_available
 from turboquant.kvcache.base import CompressedCache
 from turboquant.kvcache.factory import ModelShape
@@ -67,6 +67,13 @@ from turboquant.kvcache.turboquant_cache import (
     TurboQuantLayer,
     build_turboquant_cache,
 )
+
+if TYPE_CHECKING:  # the kernel module imports Triton: at run time only where a kernel runs
+    from turboquant.kernels.decode_attention import (
+        CacheFormat,
+        ChannelGroup,
+        GroupFields,
+    )
 
 __all__ = [
     "FUSED_ATTENTION", "FusedTurboQuantLayer", "attention_path", "build_fused_turboquant_cache", "fused_decode",
@@ -82,15 +89,19 @@ _ACTIVE_CACHE: contextvars.ContextVar[CompressedCache | None] = contextvars.Cont
 
 
 def fused_decode_unsupported(config: TurboQuantCacheConfig) -> str | None:
-    """None when the decode kernel computes attention for this configuration exactly, else the reason."""
-    if config.key_variant != "mse":
-        return "key_variant='prod' stores QJL sign bits of the residual; the decode kernel scores MSE codes only"
+    """None when the decode kernel computes attention for this configuration exactly, else the reason: an MSE code
+    width above the kernels' 4 bits (TurboQuant_prod keys store ``bits - 1``-bit MSE codes and 1-bit QJL signs)."""
+    qjl = int(config.key_variant == "prod")
+    widths = [("key_bits", config.key_bits, qjl), ("value_bits", config.value_bits, 0)]
     if config.outlier_channels:
-        return ("an outlier channel split stores two channel groups per vector (own rotation, codebook, bits and "
-                "norm, per-head channel order); a logit sums both groups, the decode kernel reads one")
-    for name, bits in (("key_bits", config.key_bits), ("value_bits", config.value_bits)):
-        if bits not in KERNEL_BITS:
-            return f"{name}={bits}: the decode kernel implements {KERNEL_BITS[0]}-{KERNEL_BITS[-1]} bits"
+        widths.append(("outlier_key_bits", config.outlier_key_bits_resolved, qjl))
+        if config.value_outliers:
+            widths.append(("outlier_value_bits", config.outlier_value_bits_resolved, 0))
+    for name, bits, qjl_bits in widths:
+        if bits - qjl_bits > KERNEL_BITS[-1]:
+            stored = f" ({bits - qjl_bits}-bit MSE codes + QJL signs)" if qjl_bits else ""
+            return (f"{name}={bits}{stored}: the decode kernel reads MSE codes of "
+                    f"{KERNEL_BITS[0]}-{KERNEL_BITS[-1]} bits")
     return None
 
 
@@ -122,7 +133,7 @@ class FusedTurboQuantLayer(TurboQuantLayer):
         self.fused = False
         self.defer_attention = False  # set by fused_decode() while the fused attention function is installed
         self.pending: DecodeStep | None = None
-        self._constants: dict[str, Any] | None = None
+        self._format: CacheFormat | None = None  # the kernel's constants, built at the first decode step
 
     def _initialize(self) -> None:
         self.fused = triton_available(self.device)
@@ -164,13 +175,16 @@ class FusedTurboQuantLayer(TurboQuantLayer):
         return (w_p[..., None] * out_p + w_e[..., None] * out_e) / (w_p + w_e)[..., None]
 
     def _packed_attention(self, q: torch.Tensor, step: DecodeStep, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        from turboquant.kernels import decode_attention_triton
+        from turboquant.kernels import decode_attention_groups_triton
 
-        key_encoder = self.key_stream.encoder
+        key_encoder, value_encoder = self.key_stream.encoder, self.value_stream.encoder
+        cache_format = self._cache_format(q.device)
         seq_lens = torch.full((q.shape[0],), step.quantized, dtype=torch.int32, device=q.device)
-        out, lse = decode_attention_triton(
-            q, step.key_fields["codes0"], step.key_fields["norms0"], step.value_fields["codes0"],
-            step.value_fields["norms0"], seq_lens, scale=scale, return_lse=True, **self._kernel_constants(q.device),
+        out, lse = decode_attention_groups_triton(
+            q, _group_fields(step.key_fields, len(key_encoder.quantizers)),
+            _group_fields(step.value_fields, len(value_encoder.quantizers)), seq_lens, cache_format,
+            key_permutation=key_encoder.permutation, value_permutation=value_encoder.permutation, scale=scale,
+            return_lse=True,
         )
         if key_encoder.key_mean is not None:  # <q, k~ + mu> = <q, k~> + <q, mu>: shifts lse only
             group = q.shape[1] // key_encoder.key_mean.shape[1]
@@ -178,18 +192,16 @@ class FusedTurboQuantLayer(TurboQuantLayer):
             lse = lse + scale * (q * mean).sum(-1)
         return out, lse
 
-    def _kernel_constants(self, device: torch.device) -> dict[str, Any]:
-        """Codebooks (fp16, as the kernel reads them), bit widths and dense rotations, built once per layer."""
-        if self._constants is None:
-            key_q, value_q = self.key_stream.encoder.quantizers[0], self.value_stream.encoder.quantizers[0]
-            self._constants = {
-                "k_centroids": key_q.codebook.centroids_tensor(device, torch.float16),
-                "v_centroids": value_q.codebook.centroids_tensor(device, torch.float16),
-                "k_bits": key_q.bits, "v_bits": value_q.bits,
-                "rotation": key_q.rotation.matrix().to(device, torch.float32).contiguous(),
-                "v_rotation": value_q.rotation.matrix().to(device, torch.float32).contiguous(),
-            }
-        return self._constants
+    def _cache_format(self, device: torch.device) -> CacheFormat:
+        """The kernel's constants for this layer's quantizers (rotations, codebooks, QJL matrices and the query map
+        derived from them), built once."""
+        if self._format is None:
+            from turboquant.kernels.decode_attention import CacheFormat
+
+            self._format = CacheFormat.build(
+                [_channel_group(quantizer) for quantizer in self.key_stream.encoder.quantizers],
+                [_channel_group(quantizer) for quantizer in self.value_stream.encoder.quantizers], device)
+        return self._format
 
     def full_past(self, step: DecodeStep) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoded packed part + exact part (the torch path when the kernel cannot serve a step)."""
@@ -208,6 +220,27 @@ def _check_consumed(layer: FusedTurboQuantLayer) -> None:
         raise RuntimeError(f"layer {layer.layer_idx}: the attention function {FUSED_ATTENTION!r} never read the "
                            "packed cache of the last decode step; this model's attention does not dispatch "
                            "through transformers' AttentionInterface, so the fused path cannot serve it")
+
+
+def _channel_group(quantizer: tq.TurboQuantMSE | tq.TurboQuantProd) -> ChannelGroup:
+    """The kernel's description of one channel group's quantizer (MSE stage, and QJL stage for TurboQuant_prod)."""
+    from turboquant.kernels.decode_attention import ChannelGroup
+
+    rotation, codebook = quantizer.rotation, quantizer.codebook  # None for TurboQuant_prod at 1 bit (QJL alone)
+    return ChannelGroup(
+        dim=quantizer.dim, bits=quantizer.mse_bits,
+        rotation=None if rotation is None else rotation.matrix(),
+        centroids=None if codebook is None else codebook.centroids_tensor(quantizer.device),
+        sketch=quantizer.qjl.matrix if isinstance(quantizer, tq.TurboQuantProd) else None,
+    )
+
+
+def _group_fields(fields: Fields, groups: int) -> list[GroupFields]:
+    """The stored fields of each channel group (``codes{g}``, ``norms{g}``, ``signs{g}``, ``residual_norms{g}``)."""
+    from turboquant.kernels.decode_attention import GroupFields
+
+    return [GroupFields(fields[f"codes{g}"], fields[f"norms{g}"], fields.get(f"signs{g}"),
+                        fields.get(f"residual_norms{g}")) for g in range(groups)]
 
 
 def _torch_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
