@@ -121,6 +121,8 @@ def random_permutation(batch, kv_heads, dim, generator, device):
     (6, 3, [0, 50, 33], [(16, 3, True), (48, 2, True)], [(16, 4), (48, 3)], True),
     # odd group dims (partial code groups and sign bytes), QJL alone on the second group (prod at 1 bit), MHA
     (3, 3, [37], [(10, 3, True), (30, 0, True)], [(10, 2), (30, 4)], True),
+    # fewer codes than one tl.dot's 16 columns (6 channels: 2 groups of 2-bit codes, 1 byte of sign bits), 1-bit MSE
+    (4, 1, [19, 26], [(6, 2, True), (26, 1, False)], [(6, 3), (26, 2)], True),
     # keys split, values not (value_outliers=False), a GQA group of 8
     (16, 2, [29, 17], [(12, 4, False), (36, 3, False)], [(48, 2)], True),
 ])

@@ -185,9 +185,9 @@ def _key_geometry(group: ChannelGroup, query_offset: int) -> dict[str, Any]:
     """Constexprs of one key group: MSE code geometry (``_layout``; none at 0 bits), QJL sign groups (1-bit codes)
     and where its stages' queries start in the query row."""
     bpg, cpg = group_geometry(group.bits) if group.bits else (1, 1)
-    groups = pow2_at_least(num_groups(group.dim, group.bits)) if group.bits else 1
+    groups = pow2_at_least(num_groups(group.dim, group.bits), floor=1) if group.bits else 1
     return {"BITS": group.bits, "BPG": bpg, "CPG": cpg, "GROUPS": groups, "QJL": group.sketch is not None,
-            "SIGN_GROUPS": pow2_at_least(num_groups(group.dim, 1)), "Q_OFF": query_offset,
+            "SIGN_GROUPS": pow2_at_least(num_groups(group.dim, 1), floor=1), "Q_OFF": query_offset,
             "QJL_Q_OFF": query_offset + (cpg * groups if group.bits else 0)}
 
 
@@ -217,21 +217,47 @@ _ABSENT_VALUE_GROUP = {"BITS": 1, "BPG": 1, "CPG": 8, "GROUPS": 16, "DIM": 0, "O
 
 # ------------------------------------------------------------------------------------------ kernels
 @triton.jit
+def _code_values(words, shift, table_ptr, BITS: tl.constexpr, SIGNS: tl.constexpr, LOOKUP: tl.constexpr):
+    """fp16 values of the ``BITS``-bit codes at bit ``shift`` of ``words``: ``table[code]``, or -1 / +1 for QJL sign
+    bits (``SIGNS``, no table); ``LOOKUP=False`` gives the raw code (benchmark attribution only, wrong values)."""
+    codes = (words >> shift) & ((1 << BITS) - 1)
+    if SIGNS:
+        values = (codes * 2 - 1).to(tl.float16)
+    elif LOOKUP:
+        values = tl.load(table_ptr + codes)
+    else:
+        values = codes.to(tl.float16)
+    return values
+
+
+@triton.jit
 def _stage_scores(rows, tok_mask, row_bytes, q_cols, head_mask, table_ptr,
                   BITS: tl.constexpr, BPG: tl.constexpr, CPG: tl.constexpr, GROUPS: tl.constexpr,
                   BLOCK_M: tl.constexpr, SIGNS: tl.constexpr, LOOKUP: tl.constexpr):
     """(tokens, heads) fp32 ``<q_stage, table[code]>`` for the packed rows at ``rows``; ``q_cols`` points at the
-    stage's query in stream order. ``SIGNS``: 1-bit QJL codes read as -1 / +1 (bit 0 / 1), no table."""
-    g_offs = tl.arange(0, GROUPS)
-    words = load_group_words(rows, tok_mask, g_offs, row_bytes, BPG)
+    stage's query in stream order (position ``k * GROUPS + g`` = code k of group g).
+
+    With at least 16 code groups: one ``tl.dot`` per code position k (K = GROUPS). A smaller stage (the outlier
+    group: 32 channels of 3-bit codes or of sign bits are 4 groups) packs ``16 // GROUPS`` code positions into the
+    16 columns a ``tl.dot`` needs (column c: position k0 + c // GROUPS of group c % GROUPS, the same stream order),
+    rather than padding every position to 16 groups."""
     acc = tl.zeros((rows.shape[0], BLOCK_M), dtype=tl.float32)
-    for k in tl.static_range(CPG):
-        q_t = tl.load(q_cols + (k * GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
-        if SIGNS:
-            decoded = (((words >> k) & 1) * 2 - 1).to(tl.float16)
-        else:
-            decoded = decode_codes(words, table_ptr, k, BITS, LOOKUP)
-        acc = tl.dot(decoded, q_t, acc)
+    if GROUPS >= 16:
+        g_offs = tl.arange(0, GROUPS)
+        words = load_group_words(rows, tok_mask, g_offs, row_bytes, BPG)
+        for k in tl.static_range(CPG):
+            q_t = tl.load(q_cols + (k * GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
+            acc = tl.dot(_code_values(words, BITS * k, table_ptr, BITS, SIGNS, LOOKUP), q_t, acc)
+    else:
+        cols = tl.arange(0, 16)
+        words = load_group_words(rows, tok_mask, cols % GROUPS, row_bytes, BPG)
+        for k0 in tl.static_range(0, CPG, 16 // GROUPS):
+            position = k0 + cols // GROUPS
+            live = position < CPG  # past the last code position when CPG * GROUPS < 16
+            q_t = tl.load(q_cols + (k0 * GROUPS + cols)[:, None], mask=head_mask[None, :] & live[:, None],
+                          other=0.0)
+            shift = (BITS * tl.where(live, position, 0))[None, :]
+            acc = tl.dot(_code_values(words, shift, table_ptr, BITS, SIGNS, LOOKUP), q_t, acc)
     return acc
 
 
