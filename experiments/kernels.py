@@ -341,6 +341,10 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
     """Split-KV decode attention over a packed K/V cache vs SDPA over a bf16 cache (32 q / 8 KV heads, d=128)."""
     from turboquant.codebook import lloyd_max_codebook
     from turboquant.kernels.decode_attention import (
+        CacheFormat,
+        ChannelGroup,
+        GroupFields,
+        decode_attention_groups_triton,
         decode_attention_reference,
         decode_attention_triton,
         default_num_splits,
@@ -370,6 +374,11 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
             args = (q[:rb], *(t[:rb, :, :n_check] for t in cache), check_lens)
             ref = decode_attention_reference(*args, **common)
             moved = sum(t.numel() * t.element_size() for t in cache) + 2 * q.numel() * 2
+            # timed as the cache layer calls it: the format (codebooks, query map) built once, not per call
+            cache_format = CacheFormat.build([ChannelGroup(HEAD_DIM, k_bits, rot, common["k_centroids"])],
+                                             [ChannelGroup(HEAD_DIM, v_bits, rot, common["v_centroids"])], device)
+            timed = partial(decode_attention_groups_triton, q, [GroupFields(*cache[:2])], [GroupFields(*cache[2:])],
+                            seq_lens, cache_format)
             for name, variant in variants.items():
                 kw = kernel_kwargs(variant)
                 factor, graph = kw.pop("split_factor", 1), kw.pop("graph", False)
@@ -378,7 +387,7 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
                 err = rel_err(decode_attention_triton(*args, **common, **kw), ref)
                 if kw.get("lookup", True) and not err < 1e-2:
                     raise AssertionError(f"decode {name}: rel err {err}")
-                t = bench.timer(partial(decode_attention_triton, q, *cache, seq_lens, **common, **kw), graph=graph)
+                t = bench.timer(partial(timed, **kw), graph=graph)
                 rows.append(Row("decode", f"K{k_bits}V{v_bits} {name}", size, t, moved, bench.floor_us(moved),
                                 f"sdpa bf16 ({base_name})", t_base,
                                 f"rel err {err:.1e} (bf16 out)" if kw.get("lookup", True) else "diagnostic (no lookup)"))
