@@ -225,9 +225,10 @@ class TurboQuantIndex(VectorIndex):
         return quantizer.inner_product(queries, stored)
 
     def _transform(self, queries: np.ndarray) -> list[np.ndarray]:
-        """Each stage's query transform T_s q, applied once per query."""
-        tensor = torch.from_numpy(queries)
-        return [stage.query_transform(tensor).float().numpy() for stage in self._stages]
+        """Each stage's query transform T_s q, applied once per query on the quantizer's device (a CUDA index
+        without a search kernel, e.g. TurboQuant_prod above the fused kernel's dimension, scores on the host)."""
+        tensor = torch.from_numpy(queries).to(self.device)
+        return [stage.query_transform(tensor).float().cpu().numpy() for stage in self._stages]
 
     def _chunk_scores(
         self, transformed: list[np.ndarray], arrays: dict[str, np.ndarray], start: int, stop: int
