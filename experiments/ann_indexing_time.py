@@ -381,10 +381,12 @@ def table2_markdown(df: pd.DataFrame) -> str:
 
 def _machine_text(df: pd.DataFrame) -> str:
     """e.g. ``2-core CPU; GPU rows: NVIDIA H200``, from the rows' ``cpu_cores`` and ``gpu`` columns."""
-    cores = sorted({int(c) for c in df["cpu_cores"].dropna()}) if "cpu_cores" in df else []
-    text = f"{'/'.join(map(str, cores))}-core CPU" if cores else "CPU"
-    gpus = sorted({g for g in df["gpu"].dropna() if g}) if "gpu" in df else []
-    return text + (f"; GPU rows: {', '.join(gpus)}" if gpus else "")
+    gpu = df["gpu"].fillna("") if "gpu" in df else pd.Series("", index=df.index)
+    cpu_rows = df[gpu == ""]
+    cores = sorted({int(c) for c in cpu_rows["cpu_cores"].dropna()}) if "cpu_cores" in df else []
+    parts = [f"{'/'.join(map(str, cores))}-core CPU" if cores else "CPU"] if len(cpu_rows) else []
+    gpus = sorted(set(gpu) - {""})
+    return "; ".join(parts + ([f"GPU rows: {', '.join(gpus)}"] if gpus else []))
 
 
 def _threads_text(df: pd.DataFrame) -> str:
