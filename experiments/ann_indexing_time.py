@@ -62,7 +62,7 @@ from experiments.io import ResultStore, experiment_sizes
 from experiments.plotting import figure_style, save_figure
 from turboquant.ann import TurboQuantIndex, VectorIndex, recall_at_1_at_k
 
-__all__ = ["RESULT_KEYS", "PAPER_TABLE2", "RABITQ_RETIMING", "run", "plot", "table2_markdown"]
+__all__ = ["PAPER_TABLE2", "RABITQ_RETIMING", "RESULT_KEYS", "plot", "run", "table2_markdown"]
 
 RESULT_KEYS = ("experiment.name", "experiment.bits", "experiment.normalize", "scale.name", "seed")
 
@@ -365,8 +365,8 @@ def table2_markdown(df: pd.DataFrame) -> str:
     if not resident.empty:
         table = resident.pivot_table(index="method_label", columns="data", values="add_s", aggfunc="first")
         lines += ["", "## TurboQuant on the GPU, data already on the device (median seconds, CUDA-synchronised)", "",
-                  "The build rows above for the same GPU go through `TurboQuantIndex.add`: host array in, codes back "
-                  "on the host, so they include both PCIe copies.", "", markdown_table(table.reset_index(), "{:.4g}")]
+                  ("The build rows above for the same GPU go through `TurboQuantIndex.add`: host array in, codes "
+                   "back on the host, so they include both PCIe copies."), "", markdown_table(table.reset_index(), "{:.4g}")]
     speedups = _encoder_speedups(builds)
     if speedups:
         lines += ["", "## TurboQuant encoders: torch reference / fast path (same run)", "", *speedups]
