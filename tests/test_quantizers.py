@@ -181,3 +181,22 @@ def test_errors():
         tq.TurboQuantProd(16, 3).inner_product(torch.randn(1, 16), other)
     with pytest.raises(ValueError, match="different settings"):
         tq.QuantizedVectors.cat([q.quantize(torch.randn(2, 16)), other])
+
+
+@pytest.mark.parametrize("cls", [tq.TurboQuantMSE, tq.TurboQuantProd])
+@pytest.mark.parametrize("backend", ["torch", "numba"])
+@pytest.mark.parametrize("rotation", ["haar", "hadamard"])
+def test_non_finite_input_is_refused_by_every_encoder(cls, backend, rotation):
+    """Finiteness is checked through the norms each encoder computes: NaN, ±Inf, and float64 entries whose
+    float32 norm overflows (they would otherwise encode to meaningless codes) all raise, on every path."""
+    q = cls(24, 3, rotation=rotation, backend=backend)
+    for value in (float("nan"), float("inf"), -float("inf")):
+        bad = torch.randn(70, 24)
+        bad[33, 5] = value
+        with pytest.raises(ValueError, match="x contains NaN or Inf"):
+            q.quantize(bad)
+    huge = torch.randn(5, 24, dtype=torch.float64)
+    huge[2, 0] = 1e30  # finite in float64, beyond float32
+    with pytest.raises(ValueError, match="norm overflows float32"):
+        q.quantize(huge)
+    assert q.quantize(torch.zeros(0, 24)).codes.shape[0] == 0

@@ -41,6 +41,20 @@ _TRITON_MAX_BITS = 4       # the kernels' code widths (turboquant.kernels._layou
 _TRITON_PROD_MAX_DIM = 256  # the fused TurboQuant_prod kernel works on one tile per row
 
 
+def _check_finite(x: torch.Tensor, name: str) -> None:
+    """ValueError if x holds NaN or ±Inf: min and max are NaN if any entry is (±inf if one is), so one
+    aminmax pass and no (…, d) bool temporary (15x faster than isfinite(x).all() on 100k x 1536 on a CPU)."""
+    if x.numel() and not all(bool(torch.isfinite(extreme)) for extreme in torch.aminmax(x)):
+        raise ValueError(f"{name} contains NaN or Inf")
+
+
+def _check_finite_norms(norms: torch.Tensor, name: str) -> None:
+    """ValueError unless every ||x_i|| is finite: it is NaN / Inf exactly when x_i has a NaN / Inf entry or
+    its float32 sum of squares overflows (|x| beyond ~1e19), where the codes would be meaningless too."""
+    if norms.numel() and not bool(torch.isfinite(norms).all()):
+        raise ValueError(f"{name} contains NaN or Inf (or a vector whose norm overflows float32)")
+
+
 def _use_triton(backend: str, device: torch.device, supported: bool) -> bool:
     """Whether quantize / inner_product run the Triton kernels (``turboquant.kernels``).
 
@@ -226,18 +240,18 @@ class _VectorQuantizer:
         return self._numba and x.device.type == "cpu" and (
             self.backend == "numba" or x.numel() >= _NUMBA_MIN_COORDINATES)
 
-    def _validated(self, x: torch.Tensor, name: str = "x") -> torch.Tensor:
+    def _validated(self, x: torch.Tensor, name: str = "x", finite: bool = True) -> torch.Tensor:
+        """``x`` checked for type, dtype and last dimension, and (``finite``) for NaN / Inf entries."""
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dtype not in _SUPPORTED_DTYPES:
             raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
         if x.ndim == 0 or x.shape[-1] != self.dim:
             raise ValueError(f"{name} must have last dimension {self.dim}, got shape {tuple(x.shape)}")
-        # min and max are NaN if any entry is (and ±inf if one is): one pass, no (…, d) bool temporary,
-        # 15x faster than isfinite(x).all() on a 100k x 1536 CPU tensor
-        if x.numel() and not all(bool(torch.isfinite(extreme)) for extreme in torch.aminmax(x)):
-            raise ValueError(f"{name} contains NaN or Inf")
+        if finite:
+            _check_finite(x, name)
         return x
+
 
     def _check_codes(self, q: QuantizedVectors) -> None:
         if not isinstance(q, QuantizedVectors):
@@ -328,7 +342,7 @@ class TurboQuantMSE(_VectorQuantizer):
     @torch.no_grad()
     def quantize(self, x: torch.Tensor) -> QuantizedVectors:
         """Quantize x (…, d) to packed b-bit codes plus float32 norms."""
-        x = self._validated(x)
+        x = self._validated(x, finite=False)  # finiteness: by the norms below, with no extra pass over x
         lead = x.shape[:-1]
         if self._triton and x.dtype != torch.float64:
             from .kernels import quantize_mse_triton
@@ -346,7 +360,8 @@ class TurboQuantMSE(_VectorQuantizer):
                                 device=self.device)
             for part in self._chunks(unit.shape[0]):
                 codes[part] = pack_codes(self.encode_unit(unit[part]), self.bits)
-        return QuantizedVectors(codes=codes.reshape(*lead, -1), norms=norms.to(_NORM_DTYPE).reshape(lead),
+        _check_finite_norms(norms, "x")
+        return QuantizedVectors(codes=codes.reshape(*lead, codes.shape[-1]), norms=norms.to(_NORM_DTYPE).reshape(lead),
                                 qjl_signs=None, residual_norms=None, dim=self.dim, bits=self.bits,
                                 mse_bits=self.bits, signature=self.signature, dtype=x.dtype)
 
@@ -434,7 +449,7 @@ class QJL(_VectorQuantizer):
             signs[part] = self.sign_bits(unit[part])
         empty = torch.empty(*lead, 0, dtype=torch.uint8, device=self.device)
         return QuantizedVectors(codes=empty, norms=norms.to(_NORM_DTYPE).reshape(lead),
-                                qjl_signs=signs.reshape(*lead, -1), residual_norms=None, dim=self.dim,
+                                qjl_signs=signs.reshape(*lead, signs.shape[-1]), residual_norms=None, dim=self.dim,
                                 bits=1, mse_bits=0, signature=self.signature, dtype=x.dtype)
 
     @torch.no_grad()
@@ -510,7 +525,7 @@ class TurboQuantProd(_VectorQuantizer):
 
     @torch.no_grad()
     def quantize(self, x: torch.Tensor) -> QuantizedVectors:
-        x = self._validated(x)
+        x = self._validated(x, finite=False)  # finiteness: by the norms below, with no extra pass over x
         lead = x.shape[:-1]
         if self._triton and x.dtype != torch.float64:
             from .kernels import quantize_prod_triton
@@ -530,8 +545,9 @@ class TurboQuantProd(_VectorQuantizer):
                 self.mse_bits, self._sketch_rotated, self.chunk_size)
         else:
             codes, signs, norms, residual_norms = self._quantize_torch(x)
-        return QuantizedVectors(codes=codes.reshape(*lead, -1), norms=norms.to(_NORM_DTYPE).reshape(lead),
-                                qjl_signs=signs.reshape(*lead, -1),
+        _check_finite_norms(norms, "x")
+        return QuantizedVectors(codes=codes.reshape(*lead, codes.shape[-1]), norms=norms.to(_NORM_DTYPE).reshape(lead),
+                                qjl_signs=signs.reshape(*lead, signs.shape[-1]),
                                 residual_norms=residual_norms.to(_NORM_DTYPE).reshape(lead), dim=self.dim,
                                 bits=self.bits, mse_bits=self.mse_bits, signature=self.signature,
                                 dtype=x.dtype)
