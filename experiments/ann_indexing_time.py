@@ -432,7 +432,8 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
                      f"({_threads_text(df)})\nvs arXiv v1 Table 2 (TurboQuant on A100, RaBitQ 1-core Python)", fontsize=7)
         ax.legend(fontsize=5.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
-        paths = save_figure(fig, figures_dir, "ann_indexing_time")
-    table = Path(figures_dir) / "ann_indexing_time_table2.md"
+        stem = f"ann_indexing_time_{n_base // 1000}k"  # quick (20k) and paper (100k) runs keep separate files
+        paths = save_figure(fig, figures_dir, stem)
+    table = Path(figures_dir) / f"{stem}_table2.md"
     table.write_text(table2_markdown(df))
     return [*paths, table]
