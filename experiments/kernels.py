@@ -347,6 +347,7 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
         decode_attention_groups_triton,
         decode_attention_reference,
         decode_attention_triton,
+        default_block_n,
         default_num_splits,
     )
     from turboquant.rotation import make_rotation
@@ -382,8 +383,8 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
             for name, variant in variants.items():
                 kw = kernel_kwargs(variant)
                 factor, graph = kw.pop("split_factor", 1), kw.pop("graph", False)
-                kw["num_splits"] = max(1, round(factor * default_num_splits(bsz, HEADS_KV, ctx, device,
-                                                                               kw.get("block_n", 64))))
+                kw["num_splits"] = max(1, round(factor * default_num_splits(
+                    bsz, HEADS_KV, ctx, device, kw.get("block_n") or default_block_n(cache_format))))
                 err = rel_err(decode_attention_triton(*args, **common, **kw), ref)
                 if kw.get("lookup", True) and not err < 1e-2:
                     raise AssertionError(f"decode {name}: rel err {err}")

@@ -525,6 +525,14 @@ def _check(q: torch.Tensor, keys: Sequence[GroupFields], values: Sequence[GroupF
                              f"{perm.dtype} {tuple(perm.shape)}")
 
 
+def default_block_n(cache_format: CacheFormat) -> int:
+    """Tokens per tile: 64, or 128 when a stream is split into two channel groups. Measured on one H200 at
+    B = 8, 32K (``results/kernels/session3/sweep_split.txt``, 4 warps): one group 546 / 422 / 470 µs at
+    32 / 64 / 128 tokens; the 3.5-bit split 938 / 878 / 722 µs, with prod keys 1417 / 1028 / 963 µs (the two
+    groups' per-tile work amortises over longer tiles)."""
+    return 128 if cache_format.meta["K_SPLIT"] or cache_format.meta["V_SPLIT"] else 64
+
+
 def default_num_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device,
                        block_n: int) -> int:
     """Splits so that about eight programs per SM run (flash-decoding), at least one tile per split.
@@ -571,7 +579,7 @@ def decode_attention_groups_triton(
     value_permutation: torch.Tensor | None = None,
     scale: float | None = None,
     num_splits: int | None = None,
-    block_n: int = 64,
+    block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
     lookup: bool = True,
@@ -591,7 +599,8 @@ def decode_attention_groups_triton(
             (``x_P = x[perm]``, groups are consecutive in it); None: the identity.
         scale: softmax scale, default 1 / sqrt(head_dim).
         num_splits: KV splits per (row, KV head); default fills the GPU (``default_num_splits``).
-        block_n, num_warps, num_stages: tokens per tile, warps per program, pipeline depth (tuning).
+        block_n, num_warps, num_stages: tokens per tile, warps per program, pipeline depth (tuning). block_n
+            defaults to :func:`default_block_n` (64 for one channel group, 128 for a split).
         lookup: False skips the centroid lookups and returns wrong values (benchmark attribution only).
         return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
             (batch, query_heads), ``-inf`` for a row without tokens: what an exact merge with attention over
@@ -603,6 +612,7 @@ def decode_attention_groups_triton(
     n_kv_heads, max_tokens = keys[0].codes.shape[1], keys[0].codes.shape[2]
     group = n_heads // n_kv_heads
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    block_n = block_n or default_block_n(cache_format)
     num_splits = num_splits or default_num_splits(batch, n_kv_heads, max_tokens, q.device, block_n)
     tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
