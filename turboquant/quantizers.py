@@ -41,10 +41,15 @@ _TRITON_MAX_BITS = 4       # the kernels' code widths (turboquant.kernels._layou
 _TRITON_PROD_MAX_DIM = 256  # the fused TurboQuant_prod kernel works on one tile per row
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether x holds no NaN or ±Inf. Min and max are NaN if any entry is (±inf if one is), so one
+    multi-threaded aminmax pass and no (…, d) bool temporary (100k x 1536 on 2 CPU cores: isfinite().all()
+    0.33 s, NumPy min + max 0.09 s, aminmax 0.04 s)."""
+    return not x.numel() or all(bool(torch.isfinite(extreme)) for extreme in torch.aminmax(x))
+
+
 def _check_finite(x: torch.Tensor, name: str) -> None:
-    """ValueError if x holds NaN or ±Inf: min and max are NaN if any entry is (±inf if one is), so one
-    aminmax pass and no (…, d) bool temporary (15x faster than isfinite(x).all() on 100k x 1536 on a CPU)."""
-    if x.numel() and not all(bool(torch.isfinite(extreme)) for extreme in torch.aminmax(x)):
+    if not all_finite(x):
         raise ValueError(f"{name} contains NaN or Inf")
 
 
@@ -53,6 +58,13 @@ def _check_finite_norms(norms: torch.Tensor, name: str) -> None:
     its float32 sum of squares overflows (|x| beyond ~1e19), where the codes would be meaningless too."""
     if norms.numel() and not bool(torch.isfinite(norms).all()):
         raise ValueError(f"{name} contains NaN or Inf (or a vector whose norm overflows float32)")
+
+
+def unit_vectors(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x / ||x||, ||x||)`` over the last dimension (Algorithm 1 quantizes the unit vector and stores the
+    norm apart); a zero vector stays zero."""
+    norms = torch.linalg.vector_norm(x, dim=-1)
+    return x / torch.where(norms > 0, norms, torch.ones_like(norms)).unsqueeze(-1), norms
 
 
 def _use_triton(backend: str, device: torch.device, supported: bool) -> bool:
@@ -252,7 +264,6 @@ class _VectorQuantizer:
             _check_finite(x, name)
         return x
 
-
     def _check_codes(self, q: QuantizedVectors) -> None:
         if not isinstance(q, QuantizedVectors):
             raise ValueError(f"expected QuantizedVectors, got {type(q).__name__}")
@@ -261,10 +272,7 @@ class _VectorQuantizer:
 
     def _split_norms(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(unit vectors (n, d) float32 on self.device, norms (n,) float32); zero vectors stay zero."""
-        flat = x.reshape(-1, self.dim).to(device=self.device, dtype=torch.float32)
-        norms = torch.linalg.vector_norm(flat, dim=-1)
-        unit = flat / torch.where(norms > 0, norms, torch.ones_like(norms)).unsqueeze(-1)
-        return unit, norms
+        return unit_vectors(x.reshape(-1, self.dim).to(device=self.device, dtype=torch.float32))
 
     def _chunks(self, n: int):
         for start in range(0, n, self.chunk_size):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import abc
 import json
-import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+
+from turboquant.quantizers import all_finite
 
 __all__ = ["SearchResult", "VectorIndex", "as_float_matrix", "check_k"]
 
@@ -60,12 +61,10 @@ def as_float_matrix(x: Any, dim: int, name: str) -> np.ndarray:
     if not np.issubdtype(array.dtype, np.floating):
         raise ValueError(f"{name} must hold floating-point values, got dtype {array.dtype}")
     array = np.ascontiguousarray(array, dtype=np.float32)
-    # min and max are NaN if any entry is and ±inf if one is: one multi-threaded pass, no (n, dim) bool
-    # temporary (100k x 1536 on 2 cores: isfinite().all() 0.33 s, NumPy min + max 0.09 s, aminmax 0.04 s)
     with warnings.catch_warnings():  # a read-only array (np.load mmap) is only read here
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        extremes = torch.aminmax(torch.from_numpy(array))
-    if not all(math.isfinite(float(extreme)) for extreme in extremes):
+        finite = all_finite(torch.from_numpy(array))
+    if not finite:
         raise ValueError(f"{name} contains NaN or infinite values")
     return array
 

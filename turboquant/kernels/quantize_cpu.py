@@ -29,8 +29,10 @@ capped by ``numba.config.NUMBA_NUM_THREADS``). Functions are compiled on first u
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from collections.abc import Iterator
 
 import numba
 import numpy as np
@@ -38,6 +40,7 @@ import torch
 from numba import njit, prange
 
 from ..packing import pack_codes, packed_size
+from ..quantizers import unit_vectors
 from ..rotation import RandomizedHadamard, Rotation
 
 __all__ = [
@@ -327,6 +330,30 @@ def _cells_for(boundaries: torch.Tensor | np.ndarray, bits: int) -> tuple[np.nda
     return _cached_cells(tuple(bnd.tolist()))
 
 
+@contextlib.contextmanager
+def _numba_threads(threads: int | None) -> Iterator[None]:
+    """Run the block on :func:`resolve_threads` numba threads, restoring numba's count afterwards."""
+    previous = numba.get_num_threads()
+    numba.set_num_threads(resolve_threads(threads))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
+
+
+def _rotated_unit_rows(rows: torch.Tensor, rotation: Rotation,
+                       hadamard: tuple[np.ndarray, np.ndarray, int, int, bool] | None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Π (x / ||x||), ||x||)`` for float32 CPU rows: the fused transform when ``hadamard`` (the randomized
+    Hadamard's :func:`hadamard_state`) is given, else ``rotation.apply``; rotated rows float32, contiguous."""
+    unit, norms = unit_vectors(rows)
+    if hadamard is None:
+        return rotation.apply(unit.to(rotation.device)).cpu().contiguous(), norms
+    rotated = np.empty(unit.shape, np.float32)
+    hadamard_rotate(unit.numpy(), *hadamard, rotated)
+    return torch.from_numpy(rotated), norms
+
+
 def _as_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or x.dtype not in _SUPPORTED_INPUTS:
         raise ValueError(f"x must be a float16/bfloat16/float32/float64 torch.Tensor, got {getattr(x, 'dtype', type(x))}")
@@ -353,21 +380,14 @@ def quantize_mse_cpu(x: torch.Tensor, rotation: Rotation, boundaries: torch.Tens
     n = rows.shape[0]
     codes = np.empty((n, packed_size(dim, bits)), dtype=np.uint8)
     norms = np.empty(n, dtype=np.float32)
-    previous = numba.get_num_threads()
-    numba.set_num_threads(resolve_threads(threads))
-    try:
+    with _numba_threads(threads):
         if isinstance(rotation, RandomizedHadamard):
             hadamard_quantize(rows.numpy(), *hadamard_state(rotation), *cells, bits, codes, norms)
         else:
             for start in range(0, n, chunk_size):
-                chunk = rows[start:start + chunk_size]
-                chunk_norms = torch.linalg.vector_norm(chunk, dim=-1)
-                unit = chunk / torch.where(chunk_norms > 0, chunk_norms, torch.ones_like(chunk_norms)).unsqueeze(-1)
-                rotated = rotation.apply(unit.to(rotation.device)).cpu().contiguous()
+                rotated, chunk_norms = _rotated_unit_rows(rows[start:start + chunk_size], rotation, None)
                 bucketize_pack(rotated.numpy(), *cells, bits, codes[start:start + chunk_size], _NO_CENTROIDS, False)
                 norms[start:start + chunk_size] = chunk_norms.numpy()
-    finally:
-        numba.set_num_threads(previous)
     return (torch.from_numpy(codes).reshape(*lead, codes.shape[1]), torch.from_numpy(norms).reshape(lead))
 
 
@@ -398,24 +418,12 @@ def quantize_prod_cpu(x: torch.Tensor, rotation: Rotation, boundaries: torch.Ten
     norms = torch.empty(n, dtype=torch.float32)
     residual_norms = torch.empty(n, dtype=torch.float32)
     hadamard = hadamard_state(rotation) if isinstance(rotation, RandomizedHadamard) else None
-    previous = numba.get_num_threads()
-    numba.set_num_threads(resolve_threads(threads))
-    try:
+    with _numba_threads(threads):
         for start in range(0, n, chunk_size):
             part = slice(start, min(start + chunk_size, n))
-            chunk_norms = torch.linalg.vector_norm(rows[part], dim=-1)
-            unit = rows[part] / torch.where(chunk_norms > 0, chunk_norms, torch.ones_like(chunk_norms)).unsqueeze(-1)
-            if hadamard is not None:
-                rotated = np.empty(unit.shape, np.float32)
-                hadamard_rotate(unit.numpy(), *hadamard, rotated)
-                rotated = torch.from_numpy(rotated)
-            else:
-                rotated = rotation.apply(unit.to(rotation.device)).cpu().contiguous()
+            rotated, norms[part] = _rotated_unit_rows(rows[part], rotation, hadamard)
             bucketize_pack(rotated.numpy(), *cells, mse_bits, codes[part], centroid_values, True)
-            norms[part] = chunk_norms
             residual_norms[part] = torch.linalg.vector_norm(rotated, dim=-1)
             signs[part] = pack_codes((rotated @ sketch.T >= 0).to(torch.uint8), 1)
-    finally:
-        numba.set_num_threads(previous)
     return (torch.from_numpy(codes).reshape(*lead, codes.shape[1]), signs.reshape(*lead, signs.shape[1]),
             norms.reshape(lead), residual_norms.reshape(lead))
