@@ -474,7 +474,6 @@ def bench_decode_step(bench: Bench, sizes: Any, variants: dict[str, dict]) -> li
     import transformers
 
     from turboquant.kvcache import build_cache
-    from turboquant.kvcache.fused_attention import build_fused_turboquant_cache
 
     model = decode_step_model(sizes, bench.device)
     rows, device = [], bench.device
@@ -500,7 +499,7 @@ def bench_decode_step(bench: Bench, sizes: Any, variants: dict[str, dict]) -> li
         for name, options in variants.items():
             options = dict(options)
             workspace = build_cache("turboquant", model.config, **options)
-            fused = build_fused_turboquant_cache(model.config, **options)
+            fused = build_cache("turboquant", model.config, fused_decode=True, **options)
             for cache in (workspace, fused):
                 fill_cache(cache, model, bsz, ctx, device)
             err = rel_err(step(fused, fused=True), step(workspace))

@@ -16,7 +16,6 @@ from tests.kvcache.tiny_llama import relative_error
 from turboquant.kvcache import build_cache
 from turboquant.kvcache.fused_attention import (
     FusedTurboQuantLayer,
-    build_fused_turboquant_cache,
     fused_decode,
     fused_decode_unsupported,
 )
@@ -51,7 +50,7 @@ def greedy(model, ids, cache, fused: bool):
 def test_fused_matches_workspace_path(tiny_model, prompt_ids, options, batch):
     ids = torch.cat([prompt_ids[:, :PROMPT], prompt_ids[:, 150:150 + PROMPT]])[:batch]
     reference = build_cache("turboquant", tiny_model.config, **options)
-    fused = build_fused_turboquant_cache(tiny_model.config, **options)
+    fused = build_cache("turboquant", tiny_model.config, fused_decode=True, **options)
     ref_logits, ref_tokens = greedy(tiny_model, ids, reference, fused=False)
     calls = []
     original = FusedTurboQuantLayer._packed_attention
@@ -82,7 +81,7 @@ def test_padded_batch_takes_the_torch_path(tiny_model, prompt_ids):
     mask[1, :5] = 0
     outputs = []
     for cache, fused in ((build_cache("turboquant", tiny_model.config), False),
-                         (build_fused_turboquant_cache(tiny_model.config), True)):
+                         (build_cache("turboquant", tiny_model.config, fused_decode=True), True)):
         context = fused_decode(tiny_model, cache) if fused else torch.no_grad()
         with torch.no_grad(), context:
             tiny_model(ids, attention_mask=mask, cache=cache)
@@ -106,12 +105,12 @@ def test_unsupported_configurations_name_the_reason(tiny_model):
         TurboQuantCacheConfig(key_variant="prod", key_bits=6))
     assert "outlier_value_bits=5" in fused_decode_unsupported(TurboQuantCacheConfig(key_bits=3, outlier_channels=16))
     with pytest.raises(ValueError, match="outlier_key_bits=5"):
-        build_fused_turboquant_cache(tiny_model.config, bits=4.5)
+        build_cache("turboquant", tiny_model.config, fused_decode=True, bits=4.5)
 
 
 def test_attention_implementation_is_restored(tiny_model):
     before = tiny_model.config._attn_implementation
-    cache = build_fused_turboquant_cache(tiny_model.config)
+    cache = build_cache("turboquant", tiny_model.config, fused_decode=True)
     with fused_decode(tiny_model, cache):
         assert tiny_model.config._attn_implementation == "turboquant_fused"
     assert tiny_model.config._attn_implementation == before
@@ -120,7 +119,7 @@ def test_attention_implementation_is_restored(tiny_model):
 def test_a_step_no_attention_function_read_fails_loudly(tiny_model, prompt_ids):
     """If the model's attention bypasses the registered function, the unread packed part raises, never silently
     attending over the window alone."""
-    cache = build_fused_turboquant_cache(tiny_model.config)
+    cache = build_cache("turboquant", tiny_model.config, fused_decode=True)
     with torch.no_grad():
         tiny_model(prompt_ids[:, :20], cache=cache)
         with pytest.raises(RuntimeError, match="never read the packed cache"), fused_decode(tiny_model, cache):

@@ -60,12 +60,10 @@ import torch
 import turboquant as tq
 from turboquant.kernels import triton_available
 from turboquant.kvcache.base import CompressedCache
-from turboquant.kvcache.factory import ModelShape
 from turboquant.kvcache.stream import Fields
 from turboquant.kvcache.turboquant_cache import (
     TurboQuantCacheConfig,
     TurboQuantLayer,
-    build_turboquant_cache,
 )
 
 if TYPE_CHECKING:  # the kernel module imports Triton: at run time only where a kernel runs
@@ -76,7 +74,7 @@ if TYPE_CHECKING:  # the kernel module imports Triton: at run time only where a 
     )
 
 __all__ = [
-    "FUSED_ATTENTION", "FusedTurboQuantLayer", "attention_path", "build_fused_turboquant_cache", "fused_decode",
+    "FUSED_ATTENTION", "FusedTurboQuantLayer", "attention_path", "fused_decode",
     "fused_decode_unavailable", "fused_decode_unsupported", "register_fused_attention",
 ]
 
@@ -320,14 +318,6 @@ def fused_decode(model: torch.nn.Module, cache: CompressedCache) -> Iterator[Com
             layer.pending = None
         _ACTIVE_CACHE.reset(token)
         model.set_attn_implementation(previous)
-
-
-def build_fused_turboquant_cache(model_config: Any, **options: Any) -> CompressedCache:
-    """``build_cache("turboquant", model_config, fused_decode=True, **options)``: every quantized layer a
-    :class:`FusedTurboQuantLayer`; a configuration the kernel cannot serve raises ``ValueError`` with the reason
-    (build the plain TurboQuant cache for it)."""
-    shape = model_config if isinstance(model_config, ModelShape) else ModelShape.from_config(model_config)
-    return build_turboquant_cache(shape, fused_decode=True, **options)
 
 
 def fused_decode_unavailable(cache: CompressedCache, device: torch.device | str) -> str | None:

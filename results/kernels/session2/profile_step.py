@@ -10,7 +10,6 @@ from omegaconf import OmegaConf
 
 from experiments.kernels import decode_step, decode_step_model, fill_cache
 from turboquant.kvcache import build_cache
-from turboquant.kvcache.fused_attention import build_fused_turboquant_cache
 
 dev = torch.device("cuda")
 sizes = OmegaConf.create({"layers": 4, "intermediate_size": 14336, "vocab_size": 32000})
@@ -35,7 +34,7 @@ for name in ("full", "workspace", "fused"):
     elif name == "workspace":
         cache = build_cache("turboquant", model.config, key_bits=4, value_bits=4)
     else:
-        cache = build_fused_turboquant_cache(model.config, key_bits=4, value_bits=4)
+        cache = build_cache("turboquant", model.config, fused_decode=True, key_bits=4, value_bits=4)
     fill_cache(cache, model, B, T, dev)
     wall, ev = timed(cache, name == "fused")
     print(f"{name}: wall {wall:.2f} ms/step, events {ev:.2f} ms/step, mem {torch.cuda.memory_allocated()/1e9:.1f} GB "
