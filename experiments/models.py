@@ -5,7 +5,8 @@ Two sources, one entry point (:func:`load_model`):
 * ``pretrained``: a Hugging Face hub id or a local directory, exactly what
   ``AutoModelForCausalLM.from_pretrained`` accepts (the paper's ``meta-llama/Llama-3.1-8B-Instruct``,
   ``mistralai/Ministral-8B-Instruct-2410``, or any checkpoint a user has on disk). An optional
-  ``gguf_file`` inside that directory/repo is loaded through ``transformers``' GGUF reader.
+  ``gguf_file`` inside a local directory is a GGUF model file (its SHA-256 checked against
+  ``gguf_sha256`` when given), converted once like the packaged ones below.
 * ``packaged_gguf``: GGUF weights shipped inside pip packages (the embedded defaults, see
   ``shared/reference/llm.md``). The files are read from the installed packages' folders without importing
   them; a model split over several packages is concatenated in order and its SHA-256 checked.
@@ -13,8 +14,12 @@ Two sources, one entry point (:func:`load_model`):
 
 Reading a GGUF file dequantizes every tensor (40-85 s on 2 CPU cores), and ``save_pretrained`` refuses a
 GGUF-loaded model. The first load therefore rebuilds the model with ``from_config`` + ``load_state_dict``
-and saves it as safetensors under ``cache_dir/<key>/`` (key = package, version, file, dtype); later loads
-read that folder in about a second. The weights are the GGUF's dequantized weights, bit for bit.
+and saves it as safetensors under ``<cache_dir>/<key>--<dtype>/`` (key = package, version and file, or the
+local file's name and size); later loads read that folder in about a second. The weights are the GGUF's
+dequantized weights, bit for bit. ``cache_dir`` defaults to ``models/`` in the user cache dir
+(:func:`experiments.data.cache.cache_root`, ``$TURBOQUANT_CACHE_DIR`` overrides it), never the repository.
+
+``dtype: auto`` loads float32 on a CPU and bfloat16 on a GPU.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 
 import torch
 
+from experiments.data.cache import cache_root
 from experiments.data.shipped import ShippedPackage
 
 __all__ = [
@@ -48,6 +54,7 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+AUTO_DTYPE = "auto"  # float32 on a CPU, bfloat16 on a GPU
 _HASH_CHUNK = 1 << 22
 
 
@@ -115,7 +122,8 @@ class PackagedGGUF:
 class ModelSpec:
     """What to load (one ``configs/model/*.yaml``).
 
-    Exactly one of ``pretrained`` (hub id or local path) and ``packaged_gguf`` is set.
+    Exactly one of ``pretrained`` (hub id or local path, optionally with a ``gguf_file`` in it) and
+    ``packaged_gguf`` is set; ``cache_dir`` ``None`` is the user cache dir's ``models/``.
     ``substitutes_for`` names the paper's model when this one is a stand-in; it goes into every table
     and figure title through :attr:`LoadedModel.label`.
     """
@@ -124,13 +132,14 @@ class ModelSpec:
     display_name: str
     pretrained: str | None = None
     gguf_file: str | None = None
+    gguf_sha256: str | None = None
     packaged_gguf: PackagedGGUF | None = None
     substitutes_for: str | None = None
-    dtype: str = "float32"
+    dtype: str = AUTO_DTYPE
     attn_implementation: str | None = "sdpa"
     max_context: int | None = None
     local_files_only: bool = False
-    cache_dir: str = ".cache/models"
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if (self.pretrained is None) == (self.packaged_gguf is None):
@@ -140,8 +149,12 @@ class ModelSpec:
             )
         if self.gguf_file is not None and self.pretrained is None:
             raise ValueError(f"model {self.name!r}: 'gguf_file' names a file inside 'pretrained'")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"model {self.name!r}: dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.gguf_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.gguf_sha256):
+            raise ValueError(f"model {self.name!r}: gguf_sha256 (of a local 'gguf_file') must be 64 lowercase hex "
+                             f"digits, got {self.gguf_sha256!r}")
+        if self.dtype != AUTO_DTYPE and self.dtype not in _DTYPES:
+            raise ValueError(f"model {self.name!r}: dtype must be {AUTO_DTYPE!r} or one of {sorted(_DTYPES)}, "
+                             f"got {self.dtype!r}")
         if self.max_context is not None and self.max_context <= 0:
             raise ValueError(f"model {self.name!r}: max_context must be positive, got {self.max_context}")
 
@@ -258,38 +271,69 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, dtype: torch.dtype, provenance
         raise
 
 
-def _converted_packaged_model(spec: ModelSpec) -> tuple[Path, dict[str, Any]]:
-    """Folder holding the safetensors conversion of ``spec.packaged_gguf`` (built on first use)."""
+def resolved_dtype(spec: ModelSpec, device: str | torch.device) -> str:
+    """``spec.dtype``, with ``auto`` = float32 on a CPU and bfloat16 on any accelerator."""
+    if spec.dtype != AUTO_DTYPE:
+        return spec.dtype
+    return "float32" if torch.device(device).type == "cpu" else "bfloat16"
+
+
+def _model_cache_root(spec: ModelSpec) -> Path:
+    return _resolve(spec.cache_dir) if spec.cache_dir is not None else cache_root() / "models"
+
+
+def _local_gguf(spec: ModelSpec) -> Path:
+    """The GGUF file named by ``pretrained`` + ``gguf_file``, checked against ``gguf_sha256`` when given."""
+    assert spec.pretrained is not None and spec.gguf_file is not None
+    path = _resolve(spec.pretrained) / spec.gguf_file
+    if not path.is_file():
+        raise ValueError(f"model {spec.name!r}: GGUF file {path} does not exist")
+    if spec.gguf_sha256 is not None:
+        digest = sha256_of_files([path])
+        if digest != spec.gguf_sha256:
+            raise ValueError(f"sha256 of {path} is {digest}, expected {spec.gguf_sha256}: not the published weights")
+    return path
+
+
+def _converted_gguf_model(spec: ModelSpec, dtype: str) -> tuple[Path, dict[str, Any]]:
+    """Folder holding the safetensors conversion of the spec's GGUF weights (built on first use)."""
+    cache = _model_cache_root(spec)
     packaged = spec.packaged_gguf
-    assert packaged is not None
-    cache_root = _resolve(spec.cache_dir)
-    out_dir = cache_root / f"{packaged.cache_key}--{spec.dtype}"
-    provenance = {
-        "source": "packaged_gguf",
-        "packages": packaged.packages,
-        "parts": [f"{part.package.module}/{part.path}" for part in packaged.parts],
-        "gguf_file": packaged.file_name,
-        "sha256": packaged.sha256,
-        "dtype": spec.dtype,
-    }
-    for part in packaged.parts:  # installed at the pinned version, even when the conversion is cached
-        part.file()
+    if packaged is not None:
+        for part in packaged.parts:  # installed at the pinned version, even when the conversion is cached
+            part.file()
+        key = packaged.cache_key
+        provenance: dict[str, Any] = {
+            "source": "packaged_gguf",
+            "packages": packaged.packages,
+            "parts": [f"{part.package.module}/{part.path}" for part in packaged.parts],
+            "gguf_file": packaged.file_name,
+            "sha256": packaged.sha256,
+        }
+    else:
+        local = _resolve(str(spec.pretrained)) / str(spec.gguf_file)
+        if not local.is_file():
+            raise ValueError(f"model {spec.name!r}: GGUF file {local} does not exist")
+        key = re.sub(r"[^A-Za-z0-9._+-]", "_", f"local--{local.stem}-{local.stat().st_size}")
+        provenance = {"source": "local_gguf", "gguf_file": str(local), "sha256": spec.gguf_sha256}
+    provenance["dtype"] = dtype
+    out_dir = cache / f"{key}--{dtype}"
     if (out_dir / "provenance.json").is_file():
         stored = json.loads((out_dir / "provenance.json").read_text())
         return out_dir, {**stored, "converted_dir": str(out_dir), "converted_now": False}
-    cache_root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_root) as work:  # an assembled split file can be large
-        gguf_path = packaged_gguf_file(packaged, Path(work))
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as work:  # an assembled split file can be large
+        gguf_path = packaged_gguf_file(packaged, Path(work)) if packaged is not None else _local_gguf(spec)
         import transformers
 
         provenance["transformers"] = transformers.__version__
-        _convert_gguf(gguf_path, out_dir, _DTYPES[spec.dtype], provenance)
+        _convert_gguf(gguf_path, out_dir, _DTYPES[dtype], provenance)
     return out_dir, {**provenance, "converted_dir": str(out_dir), "converted_now": True}
 
 
 # --------------------------------------------------------------------------- entry point
 def load_model(spec: ModelSpec, device: str | torch.device = "cpu") -> LoadedModel:
-    """Load ``spec`` in eval mode on ``device``; packaged models never touch the network.
+    """Load ``spec`` in eval mode on ``device``; GGUF models (packaged or local) never touch the network.
 
     Raises ValueError naming the fix when a weights package is missing, has the wrong version or the
     wrong checksum, or when a local path does not exist.
@@ -297,12 +341,13 @@ def load_model(spec: ModelSpec, device: str | torch.device = "cpu") -> LoadedMod
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
-    kwargs: dict[str, Any] = {"dtype": _DTYPES[spec.dtype]}
+    dtype = resolved_dtype(spec, device)
+    kwargs: dict[str, Any] = {"dtype": _DTYPES[dtype]}
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
-    if spec.packaged_gguf is not None:
+    if spec.packaged_gguf is not None or spec.gguf_file is not None:
         os.environ["HF_HUB_OFFLINE"] = "1"
-        source, provenance = _converted_packaged_model(spec)
+        source, provenance = _converted_gguf_model(spec, dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(str(source), local_files_only=True, **kwargs)
     else:
@@ -315,11 +360,9 @@ def load_model(spec: ModelSpec, device: str | torch.device = "cpu") -> LoadedMod
         else:  # a hub id ("org/name"); fetched unless local_files_only or HF_HUB_OFFLINE
             source_str = spec.pretrained
         extra: dict[str, Any] = {"local_files_only": spec.local_files_only}
-        if spec.gguf_file:
-            extra["gguf_file"] = spec.gguf_file
         tokenizer = AutoTokenizer.from_pretrained(source_str, **extra)
         model = AutoModelForCausalLM.from_pretrained(source_str, **extra, **kwargs)
-        provenance = {"source": "pretrained", "pretrained": spec.pretrained, "gguf_file": spec.gguf_file}
+        provenance = {"source": "pretrained", "pretrained": spec.pretrained, "dtype": dtype}
     model = model.to(device).eval()
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token

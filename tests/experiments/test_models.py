@@ -60,9 +60,31 @@ def test_spec_needs_exactly_one_source() -> None:
 
 @pytest.mark.parametrize("path", MODEL_CONFIGS, ids=lambda p: p.stem)
 def test_every_model_config_parses(path: Path) -> None:
-    spec = model_spec_from_config(yaml.safe_load(path.read_text()))
+    from omegaconf import OmegaConf
+
+    spec = model_spec_from_config(OmegaConf.load(path))  # as Hydra reads it (interpolations resolved)
     assert spec.name == path.stem
     assert (spec.packaged_gguf is None) != (spec.pretrained is None)
+
+
+def test_qwen_15b_config_names_its_22_parts_and_checks_one_sha256() -> None:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(REPO / "configs" / "model" / "qwen25_coder_15b.yaml")
+    spec = model_spec_from_config(cfg)
+    assert len(spec.packaged_gguf.parts) == 22 and spec.packaged_gguf.sha256 == spec.gguf_sha256
+    assert [p.path for p in spec.packaged_gguf.parts][-1] == "data/part22.bin"
+    local = model_spec_from_config(OmegaConf.merge(cfg, {"packaged_gguf": None, "pretrained": "/tmp/model",
+                                                           "gguf_file": "x.gguf"}))
+    assert local.packaged_gguf is None and local.gguf_sha256 == spec.gguf_sha256
+
+
+def test_auto_dtype_is_float32_on_cpu_and_bfloat16_on_a_gpu() -> None:
+    from experiments.models import resolved_dtype
+
+    spec = ModelSpec(name="m", display_name="m", pretrained="org/m")
+    assert resolved_dtype(spec, "cpu") == "float32" and resolved_dtype(spec, "cuda") == "bfloat16"
+    assert resolved_dtype(ModelSpec(name="m", display_name="m", pretrained="org/m", dtype="float16"), "cpu") == "float16"
 
 
 def test_unknown_model_config_key_is_rejected() -> None:
@@ -150,3 +172,24 @@ def test_embedded_smollm2_loads_offline_and_answers() -> None:
     ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
     out = loaded.model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=loaded.tokenizer.pad_token_id)
     assert "Paris" in loaded.tokenizer.decode(out[0, ids.shape[1] :])
+
+
+def test_local_gguf_file_is_checked_before_parsing(tmp_path: Path) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"GGUF-not-really")
+    bad = ModelSpec(name="m", display_name="m", pretrained=str(tmp_path), gguf_file="m.gguf", gguf_sha256="0" * 64,
+                    cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=r"sha256 of .*m\.gguf .*expected 0{64}"):
+        load_model(bad)
+    missing = ModelSpec(name="m", display_name="m", pretrained=str(tmp_path), gguf_file="absent.gguf",
+                        cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=r"GGUF file .*absent\.gguf does not exist"):
+        load_model(missing)
+    with pytest.raises(ValueError, match="gguf_sha256"):
+        ModelSpec(name="m", display_name="m", pretrained=str(tmp_path), gguf_file="m.gguf", gguf_sha256="xyz")
+
+
+def test_model_cache_defaults_to_the_user_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from experiments.models import _model_cache_root
+
+    monkeypatch.setenv("TURBOQUANT_CACHE_DIR", str(tmp_path))
+    assert _model_cache_root(ModelSpec(name="m", display_name="m", pretrained="org/m")) == tmp_path / "models"
