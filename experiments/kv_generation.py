@@ -1,8 +1,11 @@
 """Greedy generation through a compressed KV cache: the loop the needle and LongBench experiments share.
 
-Each prompt gets a fresh cache from :func:`turboquant.kvcache.build_cache` (caches hold one
-conversation), attached to the model for the eviction methods' query hooks, and the cache's own byte
-accounting is returned with the text so every row records the memory it really used.
+Each batch of prompts gets a fresh cache from :func:`turboquant.kvcache.build_cache` (caches hold one batch of
+conversations), attached to the model for the eviction methods' query hooks, and the cache's own byte
+accounting is returned with the texts so every row records the memory it really used: at the end, at its peak
+and averaged over forward passes. A batch holds prompts of one length (no padding: every row's cache is the cache
+a single prompt would build); the cache is told the prompt length and ``max_new_tokens`` so a ``memory_ratio``
+budget holds at the peak of the generation.
 
 Attention path. A TurboQuant cache whose configuration the Triton decode kernel serves, on a device where it
 runs (CUDA, or any device under ``TRITON_INTERPRET=1``), is built with ``fused_decode=True`` and generation
@@ -38,17 +41,26 @@ from turboquant.kvcache.fused_attention import (
 
 @dataclass(frozen=True)
 class Generation:
-    """One greedy continuation and what the cache that produced it cost."""
+    """Greedy continuations of a batch of prompts and what the cache that produced them cost."""
 
-    text: str
-    new_tokens: int
-    seconds: float
+    texts: tuple[str, ...]
+    new_tokens: tuple[int, ...]  # per row, up to and excluding its first end-of-sequence token
+    seconds: float               # the whole batch
     cache_nbytes: int
     cache_allocated_nbytes: int  # cache_nbytes + the growing buffers' spare capacity (enters no ratio)
-    memory_ratio: float
+    memory_ratio: float          # at the end
+    peak_memory_ratio: float     # the largest after any forward pass (what a budget must hold)
+    mean_memory_ratio: float     # averaged over forward passes
     bits_per_value: float
     compression_ratio: float
     attention_path: str  # "fused" (decode steps read the packed store in the kernel) or "workspace"
+
+    @property
+    def text(self) -> str:
+        """The continuation of a one-prompt batch."""
+        if len(self.texts) != 1:
+            raise ValueError(f"this generation has {len(self.texts)} rows; read .texts")
+        return self.texts[0]
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,7 @@ class KVMethod:
     ``label`` is for tables and figures; ``paper_method`` is the paper row the method stands for in *this*
     experiment (``experiment.paper_methods``, empty when none): the same cache can stand for different rows
     in different experiments, so the mapping lives in the experiment config, not in the method file.
+    ``seeds`` (a method's own ``seeds:`` list) replaces the experiment's ``method_seeds`` for this method.
     """
 
     key: str
@@ -66,6 +79,7 @@ class KVMethod:
     cache: str
     options: dict[str, Any]
     paper_method: str = ""
+    seeds: tuple[int, ...] | None = None
 
     @property
     def randomized(self) -> bool:
@@ -93,12 +107,19 @@ def kv_methods(cfg: Any) -> dict[str, KVMethod]:
     for key, method in methods.items():
         if "cache" not in method:
             raise ValueError(f"method {key!r} lacks 'cache' (the turboquant.kvcache method name)")
+        unknown = sorted(set(method) - {"name", "label", "cache", "options", "seeds"})
+        if unknown:
+            raise ValueError(f"method {key!r} has unknown keys {unknown}; known: name, label, cache, options, seeds")
+        seeds = method.get("seeds")
+        if seeds is not None and (not seeds or len(set(seeds)) != len(seeds)):
+            raise ValueError(f"method {key!r}: seeds must be distinct integers, got {seeds}")
         out[key] = KVMethod(
             key=key,
             label=str(method.get("label", key)),
             cache=str(method["cache"]),
             options=dict(method.get("options") or {}),
             paper_method=str(paper_methods.get(key) or ""),
+            seeds=None if seeds is None else tuple(int(x) for x in seeds),
         )
     return out
 
@@ -126,10 +147,13 @@ def generate_with_cache(
     min_new_tokens: int | None = None,
     stopping_criteria: Any = None,
 ) -> Generation:
-    """Prefill ``input_ids`` (1, n) and decode greedily with a fresh ``cache_method`` cache."""
+    """Prefill ``input_ids`` (B, n: B prompts of one length) and decode greedily with a fresh ``cache_method`` cache."""
     model, tokenizer = loaded.model, loaded.tokenizer
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be (batch, tokens) with tokens > 0, got shape {tuple(input_ids.shape)}")
     input_ids = input_ids.to(next(model.parameters()).device)
-    cache = cache_for_device(cache_method, model.config, options, input_ids.device)
+    lengths = {"context_length": int(input_ids.shape[1]), "max_new_tokens": int(max_new_tokens)}
+    cache = cache_for_device(cache_method, model.config, {**lengths, **options}, input_ids.device)
     extra: dict[str, Any] = {}
     if eos_token_ids:
         extra["eos_token_id"] = list(eos_token_ids)
@@ -154,18 +178,63 @@ def generate_with_cache(
             **extra,
         )
     seconds = time.perf_counter() - start
-    new_tokens = output[0, input_ids.shape[-1]:]
+    eos = getattr(tokenizer, "eos_token_id", None)
+    stops = set(eos_token_ids or []) | ({eos} if eos is not None else set())
+    rows = [_until_stop(row.tolist(), stops) for row in output[:, input_ids.shape[-1]:]]
     return Generation(
-        text=tokenizer.decode(new_tokens, skip_special_tokens=True),
-        new_tokens=int(new_tokens.numel()),
+        texts=tuple(tokenizer.decode(row, skip_special_tokens=True) for row in rows),
+        new_tokens=tuple(len(row) for row in rows),
         seconds=seconds,
         cache_nbytes=int(cache.nbytes()),
         cache_allocated_nbytes=int(cache.allocated_nbytes()),
         memory_ratio=float(cache.memory_ratio()),
+        peak_memory_ratio=float(cache.peak_memory_ratio()),
+        mean_memory_ratio=float(cache.mean_memory_ratio()),
         bits_per_value=float(cache.bits_per_value()),
         compression_ratio=float(cache.compression_ratio()),
         attention_path=attention_path(cache),
     )
+
+
+def _until_stop(tokens: list[int], stops: set[int]) -> list[int]:
+    """The generated tokens before the first stop token (the padding after it in a batch is dropped too)."""
+    for index, token in enumerate(tokens):
+        if token in stops:
+            return tokens[:index]
+    return tokens
+
+
+@torch.inference_mode()
+def answer_logprobs(loaded: LoadedModel, input_ids: torch.Tensor, answers: Sequence[Sequence[int]],
+                    cache_method: str, options: Mapping[str, Any]) -> list[float]:
+    """Teacher-forced ``log p(answer | prompt)`` per row under a fresh ``cache_method`` cache (nats, summed over
+    the answer's tokens): the prompt is prefilled into the cache, then every answer token is scored against the
+    compressed past, all in one forward pass, or one token per pass where layers store different numbers of
+    tokens (PyramidKV: one causal mask cannot fit every layer). Answers of different lengths are right-padded;
+    padding comes after every scored token, so causal attention keeps it out. Rows with an empty answer get NaN.
+    The workspace read path is used (the same scores as the fused kernel's up to rounding)."""
+    model = loaded.model
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    if len(answers) != input_ids.shape[0]:
+        raise ValueError(f"{len(answers)} answers for {input_ids.shape[0]} prompts")
+    width = max((len(a) for a in answers), default=0)
+    if width == 0:
+        return [float("nan")] * len(answers)
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
+    answer_ids = torch.tensor([list(a) + [pad] * (width - len(a)) for a in answers], device=device)
+    lengths = {"context_length": int(input_ids.shape[1]), "max_new_tokens": width}
+    cache = build_cache(cache_method, model.config, **{**lengths, **options})
+    with attach(model, cache):
+        steps = [model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1:]]
+        if len({layer.stored_tokens() for layer in cache.layers}) == 1:
+            steps.append(model(input_ids=answer_ids[:, :-1], cache=cache, use_cache=True).logits)
+        else:
+            steps += [model(input_ids=answer_ids[:, i:i + 1], cache=cache, use_cache=True).logits
+                      for i in range(width - 1)]
+    logits = torch.cat(steps, dim=1).float().log_softmax(dim=-1)
+    picked = logits.gather(-1, answer_ids.unsqueeze(-1)).squeeze(-1)
+    return [float(picked[row, : len(a)].sum()) if len(a) else float("nan") for row, a in enumerate(answers)]
 
 
 def cache_for_device(cache_method: str, model_config: Any, options: Mapping[str, Any],

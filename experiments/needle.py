@@ -3,13 +3,20 @@
 Protocol (Kamradt's test as used by Fu et al. 2024 and the KV-cache papers):
 
 1. Haystack: Paul Graham's essays (:mod:`experiments.data.haystack`), tokenized once with the model's
-   tokenizer and cut so that the whole chat prompt (system turn, haystack with the needle, question)
-   holds at most ``context`` tokens; the cut is moved back to the end of a sentence.
+   tokenizer (repeated when a context is longer than the essays) and cut at the token where the whole chat
+   prompt (system turn, haystack with the needle, question) is exactly ``context`` tokens long, as in
+   Kamradt's test, which cuts its context by tokens.
 2. Needle: "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny
-   day." inserted at *depth* p: at the last sentence boundary at or before haystack token
-   ``round(p * n)`` (p = 0: before the first sentence, p = 1: after the last). The depth actually
-   reached (haystack tokens before the needle / all haystack tokens) is recorded per cell.
-3. The prompt (chat template) is prefilled into a fresh cache of the method, the answer decoded greedily.
+   day." inserted as tokens at *depth* p: at the last sentence boundary at or before haystack token
+   ``round(p * n)`` (p = 0: before the first sentence, p = 1: at the end). The depth actually reached
+   (haystack tokens before the needle / all haystack tokens) is recorded per cell. Every prompt of a context
+   has the same length, so the depths of one (method, seed, context) run as one batch (``batch_size`` rows at a
+   time, a size of the scale; a batch row's cache is the cache that prompt alone would build).
+3. The prompt (chat template) is prefilled into a fresh cache of the method, the answer decoded greedily;
+   the cache's memory is recorded at the end, at its peak and averaged over forward passes, and a
+   ``memory_ratio`` budget is enforced at the peak (:mod:`experiments.kv_generation`). With
+   ``experiment.answer_logprob`` each cell also records the teacher-forced log-probability of the full
+   cache's answer under the method's cache (a score that separates settings before the answers differ).
 4. Score in [0, 1]: the needle's *answer words* (its content words that are not in the question:
    eat, sandwich, sit, dolores, park, sunny, day) found in the answer, as a fraction: ROUGE-1 recall of
    the answer words, case- and punctuation-insensitive, words compared after a light suffix stemmer
@@ -44,7 +51,8 @@ from tqdm.auto import tqdm
 
 from experiments.data.haystack import load_haystack
 from experiments.io import STORE_COLUMNS, ResultStore, config_to_dict, experiment_sizes
-from experiments.kv_generation import KVMethod, generate_with_cache, kv_methods, with_current_labels
+from experiments.kv_generation import (KVMethod, answer_logprobs, generate_with_cache, kv_methods,
+                                      with_current_labels)
 from experiments.models import LoadedModel, load_model, model_spec_from_config
 from experiments.plotting import figure_style, figure_title, save_figure
 
@@ -63,6 +71,10 @@ __all__ = [
     "summary_table",
     "paper_comparison",
 ]
+
+#: Version of the prompt protocol, part of every cell's unit: 2 = exact-length token prompts, memory budgets at
+#: the peak (cells of protocol 1, string-cut prompts and steady-state budgets, are not reused).
+PROTOCOL = 2
 
 #: What a cell's score depends on beyond its unit keys (method + its options, context, depth).
 RESULT_KEYS = ("experiment.name", "experiment.haystack", "experiment.task", "experiment.generation", "model", "seed")
@@ -118,34 +130,22 @@ def needle_score(answer: str, keywords: tuple[str, ...]) -> float:
 
 
 # --------------------------------------------------------------------------- haystack + needle
-def sentence_boundaries(text: str) -> list[int]:
-    """Character offsets where a sentence may start: 0 and just after every sentence end (and its spaces)."""
-    return [0] + [match.end() for match in _SENTENCE_END.finditer(text)]
+_CLOSERS = "\"')]"
 
 
-def _cut_at_sentence_end(text: str) -> str:
-    """``text`` up to its last sentence-ending punctuation (the haystack never ends mid-sentence)."""
-    ends = [match.start() + 1 for match in _SENTENCE_END.finditer(text + " ")]
-    if not ends:
-        raise ValueError("the haystack excerpt contains no complete sentence; the context is too short")
-    end = ends[-1]
-    while end < len(text) and text[end] in "\"')]":
-        end += 1
-    return text[:end]
-
-
-def insert_needle(haystack: str, needle: str, char_position: int) -> tuple[str, int]:
-    """Insert ``needle`` at the last sentence boundary at or before ``char_position``.
-
-    Returns the new text and the needle's first character offset. At the end of the text the needle
-    is appended after a space; elsewhere it is followed by a space and the next sentence.
-    """
-    if not 0 <= char_position <= len(haystack):
-        raise ValueError(f"char_position {char_position} outside the haystack [0, {len(haystack)}]")
-    if char_position == len(haystack):
-        return f"{haystack} {needle}", len(haystack) + 1
-    start = max(b for b in sentence_boundaries(haystack) if b <= char_position)
-    return f"{haystack[:start]}{needle} {haystack[start:]}", start
+def sentence_starts(pieces: list[str]) -> list[int]:
+    """Token positions where a sentence may start, given each token's text: 0, every position after a token
+    that ends a sentence ([.!?] then closing quotes/brackets) when whitespace follows, and the end."""
+    starts = [0]
+    for i in range(1, len(pieces)):
+        before = pieces[i - 1].rstrip()
+        ends_sentence = before.rstrip(_CLOSERS)[-1:] in (".", "!", "?")
+        spaced = pieces[i - 1][-1:].isspace() or pieces[i][:1].isspace()
+        if ends_sentence and spaced:
+            starts.append(i)
+    if starts[-1] != len(pieces):
+        starts.append(len(pieces))
+    return starts
 
 
 @dataclass(frozen=True)
@@ -172,11 +172,12 @@ class NeedleTask:
 class NeedlePrompt:
     """One cell's prompt: token ids and where the needle landed."""
 
-    input_ids: torch.Tensor  # (1, prompt_tokens)
+    input_ids: torch.Tensor  # (1, context_length)
     context_length: int
     depth: float  # requested, in [0, 1]
     actual_depth: float  # haystack tokens before the needle / haystack tokens
     haystack_tokens: int
+    haystack_repeats: bool  # the context is longer than the haystack: its tokens were repeated
 
     @property
     def prompt_tokens(self) -> int:
@@ -184,15 +185,24 @@ class NeedlePrompt:
 
 
 class PromptBuilder:
-    """Builds needle prompts of an exact token budget from one tokenized haystack."""
+    """Builds needle prompts of exactly ``context_length`` tokens from one tokenized haystack."""
 
-    def __init__(self, tokenizer: Any, haystack: str, task: NeedleTask, max_fit_iterations: int = 8) -> None:
+    _SLOT = "\uE000HAYSTACK\uE000"  # a private-use marker where the haystack goes in the chat template
+
+    def __init__(self, tokenizer: Any, haystack: str, task: NeedleTask) -> None:
         self.tokenizer = tokenizer
         self.task = task
         self.haystack_ids = self._encode(haystack)
-        self.max_fit_iterations = max_fit_iterations
-        self.overhead = len(self._encode(self._chat_text("")))
-        self.needle_tokens = len(self._encode(" " + task.needle + " "))
+        if not self.haystack_ids:
+            raise ValueError("the haystack is empty")
+        chat = self._chat_text(self._SLOT)
+        if chat.count(self._SLOT) != 1:
+            raise ValueError("the chat template must contain the user's context exactly once")
+        prefix, suffix = chat.split(self._SLOT)
+        self.prefix_ids, self.suffix_ids = self._encode(prefix), self._encode(suffix)
+        self.needle_ids = self._encode(" " + task.needle)
+        self.overhead = len(self.prefix_ids) + len(self.suffix_ids)
+        self._starts: dict[int, list[int]] = {}
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -206,60 +216,69 @@ class PromptBuilder:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return text + self.task.answer_prefix
 
-    def _haystack_text(self, n_tokens: int) -> str:
-        ids = self.haystack_ids
-        if n_tokens > len(ids):  # longer than the essays: repeat them (stated in the row as haystack_repeats)
-            ids = ids * math.ceil(n_tokens / len(ids))
-        return _cut_at_sentence_end(self.tokenizer.decode(ids[:n_tokens]))
+    def _haystack(self, n_tokens: int) -> tuple[list[int], list[int]]:
+        """The first ``n_tokens`` haystack tokens (the essays repeated as needed) and their sentence starts."""
+        repeats = math.ceil(n_tokens / len(self.haystack_ids))
+        ids = (self.haystack_ids * repeats)[:n_tokens]
+        if n_tokens not in self._starts:
+            pieces = self.tokenizer.batch_decode([[token] for token in ids])
+            self._starts[n_tokens] = sentence_starts(pieces)
+        return ids, self._starts[n_tokens]
 
     def build(self, context_length: int, depth: float) -> NeedlePrompt:
-        """The prompt of at most ``context_length`` tokens with the needle at ``depth`` (0..1)."""
+        """The prompt of exactly ``context_length`` tokens with the needle at ``depth`` (0..1)."""
         if not 0.0 <= depth <= 1.0:
             raise ValueError(f"depth must be in [0, 1], got {depth}")
-        budget = context_length - self.overhead - self.needle_tokens
+        budget = context_length - self.overhead - len(self.needle_ids)
         if budget < 16:
             raise ValueError(
                 f"context {context_length} tokens leaves no room for a haystack: the prompt without it takes "
-                f"{self.overhead} tokens and the needle {self.needle_tokens}"
+                f"{self.overhead} tokens and the needle {len(self.needle_ids)}"
             )
-        for _ in range(self.max_fit_iterations):
-            haystack = self._haystack_text(budget)
-            haystack_ids = self._encode(haystack)
-            target_token = round(depth * len(haystack_ids))
-            char_position = len(self.tokenizer.decode(haystack_ids[:target_token]))
-            char_position = min(char_position, len(haystack))
-            context, needle_start = insert_needle(haystack, self.task.needle, char_position)
-            ids = self._encode(self._chat_text(context))
-            excess = len(ids) - context_length
-            if excess <= 0:
-                before = len(self._encode(haystack[:needle_start]))
-                return NeedlePrompt(
-                    input_ids=torch.tensor([ids], dtype=torch.long),
-                    context_length=context_length,
-                    depth=depth,
-                    actual_depth=before / max(len(haystack_ids), 1),
-                    haystack_tokens=len(haystack_ids),
-                )
-            budget -= excess + 1
-        raise ValueError(f"could not fit the needle prompt into {context_length} tokens")
+        haystack, starts = self._haystack(budget)
+        position = max(start for start in starts if start <= round(depth * budget))
+        ids = self.prefix_ids + haystack[:position] + self.needle_ids + haystack[position:] + self.suffix_ids
+        return NeedlePrompt(
+            input_ids=torch.tensor([ids], dtype=torch.long),
+            context_length=context_length,
+            depth=depth,
+            actual_depth=position / budget,
+            haystack_tokens=budget,
+            haystack_repeats=budget > len(self.haystack_ids),
+        )
 
 
-# --------------------------------------------------------------------------- one cell
-def run_cell(
-    loaded: LoadedModel, prompt: NeedlePrompt, cache_method: str, options: dict[str, Any], max_new_tokens: int
-) -> dict[str, Any]:
-    """Prefill + greedy decode one prompt with a fresh cache; the answer, timings and cache accounting."""
-    result = generate_with_cache(loaded, prompt.input_ids, cache_method, options, max_new_tokens)
-    return {
-        "answer": result.text.strip(),
-        "answer_tokens": result.new_tokens,
-        "seconds": result.seconds,
-        "cache_nbytes": result.cache_nbytes,
+# --------------------------------------------------------------------------- one batch of cells
+def run_batch(
+    loaded: LoadedModel, prompts: list[NeedlePrompt], cache_method: str, options: dict[str, Any], max_new_tokens: int
+) -> list[dict[str, Any]]:
+    """Prefill + greedy decode prompts of one length with one fresh cache; per prompt the answer, and the batch's
+    timing and cache accounting (every row's cache is the same size: the prompts have the same length)."""
+    lengths = {p.prompt_tokens for p in prompts}
+    if len(lengths) != 1:
+        raise ValueError(f"a batch holds prompts of one length, got lengths {sorted(lengths)}")
+    input_ids = torch.cat([p.input_ids for p in prompts])
+    result = generate_with_cache(loaded, input_ids, cache_method, options, max_new_tokens)
+    shared = {
+        "batch_size": len(prompts),
+        "seconds": result.seconds / len(prompts),
+        "cache_nbytes": result.cache_nbytes // len(prompts),
         "memory_ratio": result.memory_ratio,
+        "peak_memory_ratio": result.peak_memory_ratio,
+        "mean_memory_ratio": result.mean_memory_ratio,
         "bits_per_value": result.bits_per_value,
         "compression_ratio": result.compression_ratio,
         "attention_path": result.attention_path,
     }
+    return [{"answer": text.strip(), "answer_tokens": tokens, **shared}
+            for text, tokens in zip(result.texts, result.new_tokens)]
+
+
+def _reference_answers(store: ResultStore, units: list[dict[str, Any]]) -> list[str | None]:
+    """The stored answers of ``units`` (the full cache's cells), None where a cell is not stored."""
+    frame = store.frame(units)
+    by_id = dict(zip(frame["unit_id"], frame["answer"].fillna("").astype(str))) if not frame.empty else {}
+    return [by_id.get(store.unit_id(unit)) for unit in units]
 
 
 # --------------------------------------------------------------------------- experiment
@@ -313,53 +332,92 @@ def _method_seeds(cfg: Any) -> list[int]:
 
 
 def method_runs(methods: dict[str, KVMethod], seeds: list[int]) -> list[tuple[KVMethod, int | None]]:
-    """Each method once per seed if it draws random state (rotations, QJL), else once (seed ``None``)."""
-    return [(m.with_seed(s), s) if m.randomized else (m, None)
-            for m in methods.values() for s in (seeds if m.randomized else seeds[:1])]
+    """Each method once per seed (its own ``seeds`` or ``seeds``) if it draws random state (rotations, QJL),
+    else once (seed ``None``)."""
+    runs: list[tuple[KVMethod, int | None]] = []
+    for method in methods.values():
+        if not method.randomized:
+            runs.append((method, None))
+            continue
+        runs += [(method.with_seed(seed), seed) for seed in (method.seeds or seeds)]
+    return runs
+
+
+def _batch_size(cfg: Any) -> int:
+    """``experiment.sizes.<scale>.batch_size``: depths decoded together (1 = one prompt at a time)."""
+    size = experiment_sizes(cfg).get("batch_size", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"experiment.sizes.<scale>.batch_size must be an integer >= 1, got {size!r}")
+    return size
 
 
 def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
-    """Every (method, seed, context, depth) cell not yet in ``store``; writes the summary table; the frame."""
+    """Every (method, seed, context, depth) cell not yet in ``store``, the depths of a (method, seed, context) in
+    batches of ``experiment.sizes.<scale>.batch_size``; writes the summary table; the frame."""
     spec = model_spec_from_config(cfg.model)
     max_new_tokens = int(cfg.experiment.generation.max_new_tokens)
     contexts, depths = _grid(cfg, spec.max_context, max_new_tokens)
     methods = kv_methods(cfg)
     runs = method_runs(methods, _method_seeds(cfg))
     task = _task(cfg)
+    batch_size = _batch_size(cfg)
+    score_logprob = bool(cfg.experiment.get("answer_logprob", False))
+    reference = next((m for m in methods.values() if m.cache == "full"), None)
+    if score_logprob and reference is None:
+        raise ValueError("experiment.answer_logprob scores the full cache's answer: add the 'full' method")
+
+    def unit_of(method: KVMethod, context: int, depth: float) -> dict[str, Any]:
+        return {"method": method.key, "method_options": method.identity(), "context": context, "depth": depth,
+                "protocol": PROTOCOL}
+
     # context-major: a run stopped early leaves complete grids at the shorter contexts for every method
-    cells = [(method, seed, c, d) for c in contexts for method, seed in runs for d in depths]
-    units = [
-        {"method": method.key, "method_options": method.identity(), "context": c, "depth": d}
-        for method, _, c, d in cells
-    ]
-    todo = [(cell, unit) for cell, unit in zip(cells, units) if not store.is_done(unit)]
-    if todo:
+    units = [unit_of(method, c, d) for c in contexts for method, _ in runs for d in depths]
+    batches = []
+    for context in contexts:
+        for method, seed in runs:
+            pending = [d for d in depths if not store.is_done(unit_of(method, context, d))]
+            batches += [(method, seed, context, pending[i:i + batch_size]) for i in range(0, len(pending), batch_size)]
+    failures: list[str] = []
+    if batches:
         torch.manual_seed(int(cfg.seed))
         loaded = load_model(spec, device=cfg.scale.device)
         haystack = load_haystack(cfg.experiment.haystack)
         store.record_provenance(**_describe(loaded, haystack.source))
         builder = PromptBuilder(loaded.tokenizer, haystack.text, task)
-        prompts: dict[tuple[int, float], NeedlePrompt] = {}
-        for (method, seed, context, depth), unit in tqdm(todo, desc="needle cells", unit="cell"):
-            if (context, depth) not in prompts:
-                prompts[(context, depth)] = builder.build(context, depth)
-            prompt = prompts[(context, depth)]
-            result = run_cell(loaded, prompt, method.cache, method.options, max_new_tokens)
-            row = {
-                "method_label": method.label,
-                "paper_method": method.paper_method,
-                "method_seed": seed,
-                "haystack": cfg.experiment.haystack,
-                "model": spec.name,
-                "model_label": loaded.label,
-                "prompt_tokens": prompt.prompt_tokens,
-                "haystack_tokens": prompt.haystack_tokens,
-                "actual_depth": prompt.actual_depth,
-                "haystack_repeats": prompt.haystack_tokens > len(builder.haystack_ids),
-                "score": needle_score(result["answer"], task.keywords),
-                **result,
-            }
-            store.save_unit(unit, [row])
+        for method, seed, context, batch_depths in tqdm(batches, desc=f"needle batches (<= {batch_size} cells)"):
+            prompts = [builder.build(context, depth) for depth in batch_depths]
+            if any(failed.startswith(f"{method.key} ") for failed in failures):
+                continue  # this method already failed: its other batches would fail the same way
+            try:
+                results = run_batch(loaded, prompts, method.cache, method.options, max_new_tokens)
+            except (RuntimeError, ValueError) as error:  # the other methods' cells are still worth computing
+                failures.append(f"{method.key} (seed {seed}, context {context}): {type(error).__name__}: {error}")
+                tqdm.write(f"needle: {failures[-1]}")
+                continue
+            if score_logprob:
+                answers = ([r["answer"] for r in results] if method.key == reference.key else
+                           _reference_answers(store, [unit_of(reference, context, d) for d in batch_depths]))
+                answer_ids = [loaded.tokenizer(a, add_special_tokens=False)["input_ids"] if a else [] for a in answers]
+                logprobs = answer_logprobs(loaded, torch.cat([p.input_ids for p in prompts]), answer_ids,
+                                           method.cache, method.options)
+                for result, value, ids in zip(results, logprobs, answer_ids):
+                    result.update(reference_answer_logprob=value, reference_answer_tokens=len(ids))
+            for depth, prompt, result in zip(batch_depths, prompts, results):
+                row = {
+                    "method_label": method.label,
+                    "paper_method": method.paper_method,
+                    "method_seed": seed,
+                    "haystack": cfg.experiment.haystack,
+                    "model": spec.name,
+                    "model_label": loaded.label,
+                    "prompt_tokens": prompt.prompt_tokens,
+                    "haystack_tokens": prompt.haystack_tokens,
+                    "actual_depth": prompt.actual_depth,
+                    "haystack_repeats": prompt.haystack_repeats,
+                    "score": needle_score(result["answer"], task.keywords),
+                    **result,
+                }
+                store.save_unit(unit_of(method, context, depth), [row])
     if _rescore(store, units, task.keywords):
         tqdm.write("needle: re-scored stored answers with the current scorer")
     # the cells of this run's grid and methods: paper_comparison keeps only these rows of the config
@@ -367,6 +425,9 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     frame = with_current_labels(store.frame(units), methods)
     if not frame.empty:
         _write_summary(frame, store.directory, list(methods))
+    if failures:
+        raise RuntimeError(f"needle: {len(failures)} method(s) failed (every other cell is stored; rerun to "
+                           "resume):\n  " + "\n  ".join(failures))
     return frame
 
 

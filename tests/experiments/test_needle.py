@@ -20,9 +20,8 @@ from experiments.needle import (
     NeedleTask,
     PromptBuilder,
     answer_words,
-    insert_needle,
     needle_score,
-    sentence_boundaries,
+    sentence_starts,
 )
 from tests.experiments.llm_fixtures import build_tokenizer, haystack_text, save_tiny_llama
 
@@ -63,16 +62,9 @@ def test_stem_strips_one_inflection() -> None:
     ]
 
 
-def test_insert_needle_lands_on_the_last_sentence_boundary_before_the_position() -> None:
-    text = "One two three. Four five six? Seven eight nine! Ten."
-    boundaries = sentence_boundaries(text)
-    assert boundaries == [0, 15, 30, 48]
-    inserted, start = insert_needle(text, "NEEDLE.", 20)  # inside the second sentence -> its start
-    assert start == 15 and inserted == "One two three. NEEDLE. Four five six? Seven eight nine! Ten."
-    assert insert_needle(text, "NEEDLE.", 0) == ("NEEDLE. " + text, 0)
-    assert insert_needle(text, "NEEDLE.", len(text)) == (text + " NEEDLE.", len(text) + 1)
-    with pytest.raises(ValueError, match="outside"):
-        insert_needle(text, "NEEDLE.", len(text) + 1)
+def test_sentence_starts_follow_sentence_ends_and_whitespace() -> None:
+    pieces = ["One", " two", ".", " Three", "?\"", " Four", " 3", ".5", " five", "!", "\n", "Six"]
+    assert sentence_starts(pieces) == [0, 3, 5, 10, 12]  # not inside "3.5"; the end is always a start
 
 
 @pytest.fixture(scope="module")
@@ -82,20 +74,27 @@ def builder() -> PromptBuilder:
 
 @pytest.mark.parametrize("context", [256, 700, 1500])
 @pytest.mark.parametrize("depth", [0.0, 0.1, 0.5, 0.9, 1.0])
-def test_prompt_fits_the_budget_and_the_needle_sits_at_a_sentence_boundary_at_depth(
+def test_prompt_has_exactly_the_context_length_and_the_needle_sits_at_a_sentence_start_at_depth(
     builder: PromptBuilder, context: int, depth: float
 ) -> None:
     prompt = builder.build(context, depth)
-    assert prompt.prompt_tokens <= context
-    assert prompt.prompt_tokens >= context - 40, "the haystack fills the budget up to a sentence"
+    assert prompt.prompt_tokens == context, "every depth of a context has the same length (one batch)"
     text = builder.tokenizer.decode(prompt.input_ids[0])
     assert text.count(TASK.needle) == 1
     before = text.split(TASK.needle)[0]
-    # the needle starts the context or follows a complete sentence and whitespace
-    assert before.endswith("<|im_start|>user\n") or re.search(r"[.!?]\s+$", before), before[-60:]
-    # the haystack's sentences are ~15 tokens: the depth reached is within one sentence of the request
-    sentence_fraction = 20 / prompt.haystack_tokens
+    # the needle starts the context or follows a complete sentence and whitespace (or ends a full haystack)
+    assert before.endswith("<|im_start|>user\n ") or re.search(r"[.!?]\s*$", before) or depth == 1.0, before[-60:]
+    # the depth reached is within one sentence of the request (the longest sentence of this haystack)
+    starts = builder._haystack(prompt.haystack_tokens)[1]
+    sentence_fraction = max(b - a for a, b in zip(starts, starts[1:])) / prompt.haystack_tokens
     assert depth - sentence_fraction <= prompt.actual_depth <= depth + 1e-9
+    assert not prompt.haystack_repeats
+
+
+def test_a_context_longer_than_the_haystack_repeats_it(builder: PromptBuilder) -> None:
+    short = PromptBuilder(builder.tokenizer, haystack_text(20), TASK)
+    prompt = short.build(900, 0.5)
+    assert prompt.prompt_tokens == 900 and prompt.haystack_repeats
 
 
 def test_too_short_context_is_a_clear_error(builder: PromptBuilder) -> None:
@@ -168,7 +167,8 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
     assert set(df["method"]) == {"full", "snapkv", "tq"} and set(df["context"]) == {400, 600}
     assert sorted(df.loc[df["method"] == "tq", "method_seed"].unique()) == [0, 1]
     assert df.loc[df["method"] != "tq", "method_seed"].isna().all()
-    assert (df["prompt_tokens"] <= df["context"]).all()
+    assert (df["prompt_tokens"] == df["context"]).all()
+    assert (df["peak_memory_ratio"] >= df["memory_ratio"] - 1e-12).all() and (df["batch_size"] == 1).all()
     assert df["score"].between(0, 1).all()
     full = df[df["method"] == "full"]
     snap = df[df["method"] == "snapkv"]
@@ -185,7 +185,7 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
     def refuse(*args, **kwargs):
         raise AssertionError("a stored cell was recomputed")
 
-    monkeypatch.setattr(needle, "run_cell", refuse)
+    monkeypatch.setattr(needle, "run_batch", refuse)
     again = needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
     assert len(again) == len(df)
 
@@ -198,8 +198,8 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
         needle, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
     )
     calls = []
-    original = needle.run_cell
-    monkeypatch.setattr(needle, "run_cell", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = needle.run_batch
+    monkeypatch.setattr(needle, "run_batch", lambda *a, **k: calls.append(1) or original(*a, **k))
     resumed = needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
     assert len(calls) == 1 and len(resumed) == len(df)
 
@@ -207,7 +207,7 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
     rows = pd.read_csv(csv, dtype={"config_id": str, "unit_id": str})
     rows.loc[0, "score"] = 0.5 if rows.loc[0, "score"] != 0.5 else 0.25
     rows.to_csv(csv, index=False)
-    monkeypatch.setattr(needle, "run_cell", refuse)
+    monkeypatch.setattr(needle, "run_batch", refuse)
     rescored = needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
     expected = rescored["answer"].fillna("").map(lambda a: needle_score(a, KEYWORDS))
     assert np.allclose(rescored["score"], expected) and len(rescored) == len(df)
@@ -221,6 +221,60 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
     comparison = {item["id"]: item for item in needle.paper_comparison(resumed)}
     assert set(comparison) == {"needle.score.full", "needle.score.snapkv"}
     assert "tiny random Llama" in comparison["needle.score.full"]["detail"]
+
+
+def test_depths_run_in_batches_with_every_cache_and_score_the_full_answer(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """batch_size > 1: one generation per (method, seed, context) covers its depths; the rows equal the one-prompt
+    runs' answers; every cache of the package accepts a batch; answer_logprob scores the full cache's answer."""
+    monkeypatch.setattr(
+        needle, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
+    )
+    methods = {
+        "full": {"cache": "full", "options": {}},
+        "tq35w": {"cache": "turboquant", "options": {"bits": 3.5, "residual_length": 32, "seed": 0}},
+        "k4v3b1": {"cache": "turboquant", "options": {"bits": [4, 3], "fp16_layers": [-1], "seed": 0}},
+        "nc": {"cache": "turboquant", "options": {"vllm_preset": "turboquant_4bit_nc", "boundary_layers": 0, "seed": 0},
+               "seeds": [5]},
+        "kivi": {"cache": "kivi", "options": {"memory_ratio": 0.3, "group_size": 16, "residual_length": 32}},
+        "polar": {"cache": "polarquant", "options": {"seed": 0}},
+        "pyramid": {"cache": "pyramidkv", "options": {"memory_ratio": 0.25, "window_size": 8}},
+    }
+    results = {}
+    original = needle.run_batch
+    for batch_size in (1, 3):
+        cfg = _cfg(tiny_model_dir, tmp_path / f"b{batch_size}")
+        cfg.experiment.methods = {k: {"name": k, "label": k, **v} for k, v in methods.items()}
+        cfg.experiment.method_seeds = [0]
+        cfg.experiment.sizes.quick = {"contexts": [500], "depths": [0.0, 0.5, 1.0], "batch_size": batch_size}
+        cfg.experiment.answer_logprob = True
+        calls = []
+        monkeypatch.setattr(needle, "run_batch", lambda *a, **k: calls.append(len(a[1])) or original(*a, **k))
+        results[batch_size] = needle.run(cfg, ResultStore(tmp_path / f"b{batch_size}", "needle", cfg,
+                                                          result_keys=needle.RESULT_KEYS))
+        assert calls == [batch_size] * (len(methods) * 3 // batch_size)
+    one, batched = (results[b].sort_values(["method", "depth"]).reset_index(drop=True) for b in (1, 3))
+    assert list(one["answer"]) == list(batched["answer"])
+    assert (batched["batch_size"] == 3).all() and batched.loc[batched["method"] == "nc", "method_seed"].eq(5).all()
+    full = batched[batched["method"] == "full"]
+    assert (full["reference_answer_logprob"] <= 0).all() and (full["reference_answer_tokens"] > 0).all()
+    gap = (one["reference_answer_logprob"] - batched["reference_answer_logprob"]).abs()
+    assert gap.max() < 1e-2, one.assign(gap=gap)[["method", "depth", "gap"]].sort_values("gap").tail()
+
+
+def test_a_failing_method_does_not_stop_the_others(tiny_model_dir: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        needle, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
+    )
+    cfg = _cfg(tiny_model_dir, tmp_path)
+    cfg.experiment.methods.bad = {"name": "bad", "label": "bad", "cache": "turboquant", "options": {"bits": 3.5,
+                                  "outlier_channels": 15, "seed": 0}}  # 15 of 16 channels: ValueError at prefill
+    store = ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS)
+    with pytest.raises(RuntimeError, match=r"(?s)1 method\(s\) failed.*bad \(seed 0, context 400\)"):
+        needle.run(cfg, store)
+    assert set(store.frame()["method"]) == {"full", "snapkv", "tq"}
 
 
 def test_context_beyond_the_model_window_is_rejected(tiny_model_dir: Path, tmp_path: Path) -> None:

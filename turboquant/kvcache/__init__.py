@@ -12,11 +12,11 @@ from turboquant.kvcache.factory import ModelShape, attach, available_methods, bu
 from turboquant.kvcache.full import FullPrecisionLayer
 from turboquant.kvcache.kivi import KIVILayer
 from turboquant.kvcache.polarquant import PolarQuantLayer
-from turboquant.kvcache.turboquant_cache import (TurboQuantCacheConfig, TurboQuantLayer, nominal_bits_per_value,
-                                                 turboquant_preset)
+from turboquant.kvcache.turboquant_cache import (VLLM_PRESETS, TurboQuantCacheConfig, TurboQuantLayer,
+                                                 nominal_bits_per_value, turboquant_preset)
 
 __all__ = [
-    "CompressedCache", "CompressedLayer", "EvictionLayer", "FullPrecisionLayer", "KIVILayer", "ModelShape",
+    "VLLM_PRESETS", "CompressedCache", "CompressedLayer", "EvictionLayer", "FullPrecisionLayer", "KIVILayer", "ModelShape",
     "PolarQuantLayer", "TurboQuantCacheConfig", "TurboQuantLayer", "attach", "available_methods", "build_cache",
     "nominal_bits_per_value", "register_method", "turboquant_preset",
 ]

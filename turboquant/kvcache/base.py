@@ -33,6 +33,13 @@ and ``memory_ratio = nbytes / reference_nbytes`` (0.25 = "25% of the full cache"
 closed-form ``nbytes`` formula in its docstring and implements it in ``expected_nbytes()``; the tests check
 that the measured bytes equal the formula.
 
+Memory over time. The ratio changes as tokens arrive (a 16-bit window fills and is flushed, evicted caches keep
+appending decoded tokens), so the cache samples it after every forward pass (after the last layer's update):
+``peak_memory_ratio()`` is the largest sample, the memory a budget must hold at, and ``mean_memory_ratio()`` their
+average over forward passes. A memory budget (``memory_ratio=`` of a builder) is enforced at the peak: given the
+prompt length ``context_length`` and ``max_new_tokens``, the builders choose the costliest configuration whose ratio
+at every length in ``[context_length, context_length + max_new_tokens]`` fits (:func:`peak_ratio_over`).
+
 Growth. Stored tensors grow token by token in :class:`TokenBuffer` s (amortised O(1) per appended token instead
 of a ``torch.cat`` copy of the whole store), which keep some spare capacity. ``nbytes()`` counts the filled part
 only: the memory the method needs, the quantity every ratio uses. ``allocated_nbytes()`` is the memory the
@@ -44,12 +51,20 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 REFERENCE_BYTES_PER_VALUE = 2  # the model's 16-bit (fp16 / bf16) cache
+
+
+def peak_ratio_over(ratio_at: Callable[[int], float], context_length: int, max_new_tokens: int | None) -> float:
+    """``max_t ratio_at(t)`` over the lengths a generation passes through, ``context_length .. + max_new_tokens``."""
+    if context_length < 1:
+        raise ValueError(f"context_length must be >= 1, got {context_length}")
+    return max(ratio_at(t) for t in range(context_length, context_length + (max_new_tokens or 0) + 1))
 
 
 def tensor_nbytes(*tensors: torch.Tensor | None) -> int:
@@ -278,6 +293,15 @@ class CompressedCache(Cache):
         super().__init__(layers=layers)
         self.method = method
         self.options = dict(options)
+        self.ratio_samples: list[float] = []  # memory_ratio() after each forward pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's update; after the last layer's, the memory ratio of this forward pass is sampled."""
+        out = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        if layer_idx == len(self.layers) - 1:
+            self.ratio_samples.append(self.memory_ratio())
+        return out
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         # The causal mask indexes stored key positions; for eviction caches stored < seen.
@@ -308,6 +332,18 @@ class CompressedCache(Cache):
             raise ValueError("the cache is empty: run a forward pass before asking for its memory ratio")
         return self.nbytes() / reference
 
+    def peak_memory_ratio(self) -> float:
+        """The largest memory ratio after any forward pass so far (what a memory budget must hold)."""
+        if not self.ratio_samples:
+            raise ValueError("the cache is empty: run a forward pass before asking for its peak memory ratio")
+        return max(self.ratio_samples)
+
+    def mean_memory_ratio(self) -> float:
+        """The memory ratio averaged over forward passes (prefill and every decode step)."""
+        if not self.ratio_samples:
+            raise ValueError("the cache is empty: run a forward pass before asking for its mean memory ratio")
+        return sum(self.ratio_samples) / len(self.ratio_samples)
+
     def compression_ratio(self) -> float:
         """``reference_nbytes / nbytes``: how many times smaller than the model's 16-bit cache."""
         return 1.0 / self.memory_ratio()
@@ -324,6 +360,7 @@ class CompressedCache(Cache):
             "nbytes": self.nbytes(),
             "reference_nbytes": self.reference_nbytes(),
             "memory_ratio": self.memory_ratio(),
+            "peak_memory_ratio": self.peak_memory_ratio() if self.ratio_samples else self.memory_ratio(),
             "compression_ratio": self.compression_ratio(),
             "bits_per_value": self.bits_per_value(),
         }

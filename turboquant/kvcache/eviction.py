@@ -33,7 +33,8 @@ queries the attention is about to use, and hands them to the cache layer, whose 
 evicts. No model code is forked; the cost is one ``w``-row query projection per layer.
 
 ``budget`` is in tokens per layer (SnapKV's ``max_capacity_prompt``, window included); by default it is
-``floor(memory_ratio * n)`` with ``memory_ratio = 0.25``. If the budget is not above the window, the window
+``floor(memory_ratio * n)`` with ``memory_ratio = 0.25``, or ``floor(memory_ratio * (n + m)) - m`` when the builder is
+told the generation's ``max_new_tokens = m``, so that the budget holds at the peak (the end of the generation). If the budget is not above the window, the window
 shrinks to ``budget // 2`` (SnapKV requires ``budget > w``; this only matters for prompts under ~4w tokens).
 
 Bytes of one layer storing ``m`` tokens (kept prompt tokens + generated ones)::
@@ -223,8 +224,14 @@ def capture_window_queries(model: torch.nn.Module, cache: CompressedCache) -> It
             handle.remove()
 
 
-def _token_budget(prompt_tokens: int, budget: int | None, memory_ratio: float | None) -> int:
-    return budget if budget is not None else math.floor(memory_ratio * prompt_tokens)
+def _token_budget(prompt_tokens: int, budget: int | None, memory_ratio: float | None,
+                  max_new_tokens: int | None) -> int:
+    """Prompt tokens kept per layer: ``budget``, or the most for which the ratio holds at the end of the generation
+    (its peak: the generated tokens are stored in 16 bits too), ``floor(r * (n + m)) - m``, at least 2."""
+    if budget is not None:
+        return budget
+    new = max_new_tokens or 0
+    return max(2, math.floor(memory_ratio * (prompt_tokens + new)) - new)
 
 
 def _validate(budget: int | None, memory_ratio: float | None, window_size: int, kernel_size: int, pooling: str) -> None:
@@ -243,6 +250,7 @@ def _validate(budget: int | None, memory_ratio: float | None, window_size: int, 
 def build_snapkv_cache(
     shape: ModelShape, budget: int | None = None, memory_ratio: float | None = None, window_size: int = 32,
     kernel_size: int = 7, pooling: str = "maxpool", fp_dtype: torch.dtype | None = None,
+    max_new_tokens: int | None = None,
 ) -> CompressedCache:
     """SnapKV keeping ``budget`` prompt tokens per layer (default ``floor(0.25 * n)``)."""
     if budget is None and memory_ratio is None:
@@ -250,7 +258,7 @@ def build_snapkv_cache(
     _validate(budget, memory_ratio, window_size, kernel_size, pooling)
 
     def budget_fn(layer_idx: int, prompt_tokens: int) -> tuple[int, int]:
-        keep = _token_budget(prompt_tokens, budget, memory_ratio)
+        keep = _token_budget(prompt_tokens, budget, memory_ratio, max_new_tokens)
         return keep, split_window(keep, window_size)
 
     layers = [EvictionLayer(i, budget_fn, kernel_size, pooling, window_size, fp_dtype) for i in range(shape.num_layers)]
@@ -262,6 +270,7 @@ def build_snapkv_cache(
 def build_pyramidkv_cache(
     shape: ModelShape, budget: int | None = None, memory_ratio: float | None = None, window_size: int = 32,
     kernel_size: int = 7, pooling: str = "maxpool", beta: float = 20.0, fp_dtype: torch.dtype | None = None,
+    max_new_tokens: int | None = None,
 ) -> CompressedCache:
     """PyramidKV with an *average* of ``budget`` prompt tokens per layer (same total as SnapKV)."""
     if budget is None and memory_ratio is None:
@@ -272,7 +281,7 @@ def build_pyramidkv_cache(
     plans: dict[int, list[int]] = {}
 
     def budget_fn(layer_idx: int, prompt_tokens: int) -> tuple[int, int]:
-        keep = _token_budget(prompt_tokens, budget, memory_ratio)
+        keep = _token_budget(prompt_tokens, budget, memory_ratio, max_new_tokens)
         window = split_window(keep, window_size)
         if keep >= prompt_tokens:
             return keep, window

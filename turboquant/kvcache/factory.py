@@ -92,16 +92,17 @@ def build_cache(method: str, model_config: Any, **options: Any) -> CompressedCac
     """A fresh cache of ``method`` for a model with ``model_config`` (a transformers config or ModelShape).
 
     Options are those of the method's builder (see each module); unknown names raise ``ValueError``.
-    ``context_length`` (the prompt length, when known) lets the quantizers count their 16-bit windows when
-    choosing a configuration for ``memory_ratio``; builders that do not use it (the eviction methods measure
-    the prompt itself) do not receive it.
+    ``context_length`` (the prompt length, when known) and ``max_new_tokens`` let the quantizers count their 16-bit
+    windows at the peak of a generation when choosing a configuration for ``memory_ratio``; builders that do not
+    use them (the eviction methods measure the prompt itself) do not receive them.
     """
     if method not in _BUILDERS:
         raise ValueError(f"unknown KV cache method {method!r}; available: {available_methods()}")
     shape = model_config if isinstance(model_config, ModelShape) else ModelShape.from_config(model_config)
     builder = _BUILDERS[method]
-    if "context_length" not in inspect.signature(builder).parameters:
-        options.pop("context_length", None)
+    for length in ("context_length", "max_new_tokens"):  # only the budget-fitting builders use the lengths
+        if length not in inspect.signature(builder).parameters:
+            options.pop(length, None)
     try:
         return builder(shape, **options)
     except TypeError as error:

@@ -87,8 +87,12 @@ _ACTIVE_CACHE: contextvars.ContextVar[CompressedCache | None] = contextvars.Cont
 
 
 def fused_decode_unsupported(config: TurboQuantCacheConfig) -> str | None:
-    """None when the decode kernel computes attention for this configuration exactly, else the reason: an MSE code
-    width above the kernels' 4 bits (TurboQuant_prod keys store ``bits - 1``-bit MSE codes and 1-bit QJL signs)."""
+    """None when the decode kernel computes attention for this configuration exactly, else the reason: a stream
+    that is not TurboQuant codes (FP8 keys, uniform values) or an MSE code width above the kernels' 4 bits
+    (TurboQuant_prod keys store ``bits - 1``-bit MSE codes and 1-bit QJL signs)."""
+    if config.key_format != "turboquant" or config.value_format != "turboquant":
+        return (f"key_format={config.key_format!r}, value_format={config.value_format!r}: the decode kernel reads "
+                "TurboQuant codes only")
     qjl = int(config.key_variant == "prod")
     widths = [("key_bits", config.key_bits, qjl), ("value_bits", config.value_bits, 0)]
     if config.outlier_channels:

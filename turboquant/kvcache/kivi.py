@@ -31,7 +31,7 @@ import math
 import torch
 
 import turboquant as tq
-from turboquant.kvcache.base import CompressedCache
+from turboquant.kvcache.base import CompressedCache, peak_ratio_over
 from turboquant.kvcache.factory import ModelShape, register_method
 from turboquant.kvcache.stream import (
     Encoder,
@@ -159,10 +159,16 @@ def kivi_bits_per_value(bits: int, group_size: int) -> float:
 
 
 def kivi_bits_for_memory_ratio(memory_ratio: float, d: int, group_size: int, residual_length: int,
-                               tokens: int | None) -> int:
-    """Largest bit width whose ratio (at ``tokens``, or in the steady state) is at most ``memory_ratio``."""
-    fitting = [b for b in range(1, 9)
-               if kivi_memory_ratio(d, b, group_size, residual_length, tokens) <= memory_ratio + 1e-9]
+                               tokens: int | None, max_new_tokens: int | None = None) -> int:
+    """Largest bit width whose ratio is at most ``memory_ratio`` at its peak over ``tokens .. tokens +
+    max_new_tokens`` (or in the steady state when ``tokens`` is None)."""
+    def ratio(bits: int) -> float:
+        if tokens is None:
+            return kivi_memory_ratio(d, bits, group_size, residual_length, None)
+        return peak_ratio_over(lambda t: kivi_memory_ratio(d, bits, group_size, residual_length, t), tokens,
+                               max_new_tokens)
+
+    fitting = [b for b in range(1, 9) if ratio(b) <= memory_ratio + 1e-9]
     if not fitting:
         raise ValueError(f"no KIVI bit width fits memory_ratio={memory_ratio} (group_size={group_size}, "
                          f"residual_length={residual_length}, context_length={tokens})")
@@ -176,11 +182,13 @@ def build_kivi_cache(
     residual_length: int = 128,
     memory_ratio: float | None = None,
     context_length: int | None = None,
+    max_new_tokens: int | None = None,
     fp_dtype: torch.dtype | None = None,
     keep_workspace: bool = True,
 ) -> CompressedCache:
     """KIVI at ``bits`` (1..8; the paper's 2/4, TurboQuant's table 3/5) or at the largest bits fitting
-    ``memory_ratio`` — at ``context_length`` tokens (residual windows counted) if given, else in the steady state."""
+    ``memory_ratio`` — at its peak over a generation of ``max_new_tokens`` after a ``context_length``-token prompt
+    (residual windows counted) if the length is given, else in the steady state."""
     if (bits is None) == (memory_ratio is None):
         raise ValueError("give exactly one of bits= or memory_ratio= for KIVI")
     if group_size <= 0 or residual_length <= 0 or residual_length % group_size:
@@ -190,7 +198,8 @@ def build_kivi_cache(
     if shape.head_dim % group_size:
         raise ValueError(f"KIVI group_size {group_size} must divide head_dim {shape.head_dim}")
     if bits is None:
-        bits = kivi_bits_for_memory_ratio(memory_ratio, shape.head_dim, group_size, residual_length, context_length)
+        bits = kivi_bits_for_memory_ratio(memory_ratio, shape.head_dim, group_size, residual_length, context_length,
+                                          max_new_tokens)
     if not isinstance(bits, int) or not 1 <= bits <= 8:
         raise ValueError(f"KIVI bits must be an integer in 1..8, got {bits!r}")
     layers = [

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 import turboquant as tq
-from turboquant.kvcache.base import CompressedCache
+from turboquant.kvcache.base import CompressedCache, peak_ratio_over
 from turboquant.kvcache.factory import ModelShape, register_method
 from turboquant.kvcache.stream import (
     Encoder,
@@ -184,13 +184,21 @@ def polar_memory_ratio(d: int, level_bits: tuple[int, ...], residual_length: int
 
 
 def polar_level_bits_for_memory_ratio(memory_ratio: float, head_dim: int, residual_length: int = 0,
-                                      tokens: int | None = None, levels: int = 4) -> tuple[int, ...]:
-    """The costliest ``(b1, b2, ..., b2)`` configuration (``b2 <= b1``) whose ratio fits ``memory_ratio``."""
+                                      tokens: int | None = None, levels: int = 4,
+                                      max_new_tokens: int | None = None) -> tuple[int, ...]:
+    """The costliest ``(b1, b2, ..., b2)`` configuration (``b2 <= b1``) whose ratio fits ``memory_ratio`` at its peak
+    over ``tokens .. tokens + max_new_tokens`` (in the steady state when ``tokens`` is None)."""
+    def ratio(config: tuple[int, ...]) -> float:
+        if tokens is None:
+            return polar_memory_ratio(head_dim, config, residual_length, None)
+        return peak_ratio_over(lambda t: polar_memory_ratio(head_dim, config, residual_length, t), tokens,
+                               max_new_tokens)
+
     candidates = [(b1,) + (b2,) * (levels - 1) for b1 in range(1, 9) for b2 in range(1, b1 + 1)]
-    fitting = [c for c in candidates if polar_memory_ratio(head_dim, c, residual_length, tokens) <= memory_ratio + 1e-9]
+    fitting = [c for c in candidates if ratio(c) <= memory_ratio + 1e-9]
     if not fitting:
         raise ValueError(f"no PolarQuant level-bit configuration fits memory_ratio={memory_ratio}")
-    return max(fitting, key=lambda c: (polar_memory_ratio(head_dim, c, residual_length, tokens), c))
+    return max(fitting, key=lambda c: (ratio(c), c))
 
 
 def build_polarquant_cache(
@@ -198,6 +206,7 @@ def build_polarquant_cache(
     level_bits: tuple[int, ...] | list[int] | None = None,
     memory_ratio: float | None = None,
     context_length: int | None = None,
+    max_new_tokens: int | None = None,
     rotation: str = "haar",
     seed: int = 0,
     residual_length: int = 0,
@@ -208,7 +217,8 @@ def build_polarquant_cache(
     if level_bits is not None and memory_ratio is not None:
         raise ValueError("give level_bits= or memory_ratio=, not both")
     if memory_ratio is not None:
-        level_bits = polar_level_bits_for_memory_ratio(memory_ratio, shape.head_dim, residual_length, context_length)
+        level_bits = polar_level_bits_for_memory_ratio(memory_ratio, shape.head_dim, residual_length, context_length,
+                                                       max_new_tokens=max_new_tokens)
     level_bits = tuple(PAPER_LEVEL_BITS if level_bits is None else level_bits)
     if not level_bits or any(not isinstance(b, int) or not 1 <= b <= 8 for b in level_bits):
         raise ValueError(f"PolarQuant level_bits must be integers in 1..8, got {level_bits}")

@@ -50,7 +50,17 @@ with channel groups ``m_j`` at ``b_j`` bits)::
 ``value_outliers=False`` splits the keys only (values at ``value_bits`` throughout), which is what the
 authors' supplementary code does (2.5-bit keys with 32 outlier channels, 2-bit values).
 
-Boundary layers cost ``2*B*H*n*d*2`` bytes like the full cache.
+Boundary layers (and any layer listed in ``fp16_layers``) cost ``2*B*H*n*d*2`` bytes like the full cache.
+
+Other stream formats (vLLM's TurboQuant presets, :data:`VLLM_PRESETS`). ``key_format="fp8"`` stores each key
+coordinate as one FP8 e4m3 byte (clamped to its +-448 range; no rotation, no norm: ``d`` bytes per key);
+``value_format="uniform"`` quantizes each value vector with asymmetric min-max codes over its ``d`` channels
+(KIVI's per-token scheme with one group: fp16 scale and zero, ``ceil(d*b/8) + 4`` bytes). ``norm_correction``
+(vLLM's ``_nc``): the stored norm of a TurboQuant_mse vector is ``||x|| / ||c(idx)||``, where ``c(idx)`` is the
+reconstruction of the unit vector in the rotated domain, so the decoded vector has the input's norm exactly
+(vLLM divides by ``||c(idx)||`` when decoding; dividing when encoding gives the same decoded vector from the same
+bytes, and the decode kernel reads it unchanged). It removes the norm shrinkage of ``E||c||^2 = 1 - D_mse``
+(Theorem 1) at the cost of the bias it introduces in inner products.
 
 Attention on CPU reads the keys back through the library's torch dequantization (``TurboQuantMSE.dequantize``
 / ``TurboQuantProd.dequantize``); ``decode_fn`` is the hook for a fused CUDA decode (``turboquant.kernels``),
@@ -69,9 +79,10 @@ from dataclasses import dataclass
 import torch
 
 import turboquant as tq
-from turboquant.kvcache.base import CompressedCache, tensor_nbytes
+from turboquant.kvcache.base import CompressedCache, peak_ratio_over, tensor_nbytes
 from turboquant.kvcache.factory import ModelShape, register_method
 from turboquant.kvcache.full import FullPrecisionLayer
+from turboquant.kvcache.kivi import KIVIValueEncoder
 from turboquant.kvcache.stream import (
     Encoder,
     Fields,
@@ -82,7 +93,25 @@ from turboquant.kvcache.stream import (
 
 KEY_VARIANTS = ("mse", "prod")
 ROTATIONS = ("haar", "hadamard")
+KEY_FORMATS = ("turboquant", "fp8")
+VALUE_FORMATS = ("turboquant", "uniform")
 NORM_BYTES = 2  # fp16
+UNIFORM_SIDE_BYTES = 4  # fp16 scale + fp16 zero point of a uniformly quantized value vector
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+#: vLLM's TurboQuant KV-cache presets (``--kv-cache-dtype``; vllm/model_executor/layers/quantization/turboquant/
+#: config.py): FP8 or Lloyd-Max keys, uniform values, norm correction, the first and last 2 layers in 16 bits.
+#: vLLM rotates keys with a plain Hadamard matrix; here the rotation is the package's (``rotation`` option).
+VLLM_PRESETS: dict[str, dict] = {
+    "turboquant_k8v4": {"key_format": "fp8", "key_bits": 8, "value_format": "uniform", "value_bits": 4,
+                        "boundary_layers": 2},
+    "turboquant_4bit_nc": {"key_bits": 4, "value_format": "uniform", "value_bits": 4, "norm_correction": True,
+                           "boundary_layers": 2},
+    "turboquant_k3v4_nc": {"key_bits": 3, "value_format": "uniform", "value_bits": 4, "norm_correction": True,
+                           "boundary_layers": 2},
+    "turboquant_3bit_nc": {"key_bits": 3, "value_format": "uniform", "value_bits": 3, "norm_correction": True,
+                           "boundary_layers": 2},
+}
 
 
 @dataclass(frozen=True)
@@ -101,12 +130,33 @@ class TurboQuantCacheConfig:
     rotation: str = "haar"
     seed: int = 0
     center_keys: bool = False
+    key_format: str = "turboquant"
+    value_format: str = "turboquant"
+    norm_correction: bool = False
+    fp16_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.key_variant not in KEY_VARIANTS:
             raise ValueError(f"key_variant must be one of {KEY_VARIANTS}, got {self.key_variant!r}")
         if self.rotation not in ROTATIONS:
             raise ValueError(f"rotation must be one of {ROTATIONS}, got {self.rotation!r}")
+        if self.key_format not in KEY_FORMATS:
+            raise ValueError(f"key_format must be one of {KEY_FORMATS}, got {self.key_format!r}")
+        if self.value_format not in VALUE_FORMATS:
+            raise ValueError(f"value_format must be one of {VALUE_FORMATS}, got {self.value_format!r}")
+        if self.key_format == "fp8" and (self.key_bits != 8 or self.key_variant != "mse" or self.center_keys):
+            raise ValueError("key_format='fp8' stores 8-bit keys as they are: needs key_bits=8, key_variant='mse' "
+                             "and center_keys=False")
+        if not isinstance(self.norm_correction, bool):
+            raise ValueError(f"norm_correction must be a bool, got {self.norm_correction!r}")
+        if self.norm_correction and self.key_variant == "prod":
+            raise ValueError("norm_correction rescales TurboQuant_mse reconstructions; it is not defined for "
+                             "key_variant='prod' (whose QJL stage is unbiased without it)")
+        if self.outlier_channels and (self.key_format != "turboquant" or
+                                      (self.value_outliers and self.value_format != "turboquant")):
+            raise ValueError("the outlier channel split applies to TurboQuant-format streams only: use "
+                             "key_format/value_format='turboquant' (or value_outliers=False)")
+        object.__setattr__(self, "fp16_layers", tuple(int(i) for i in self.fp16_layers))
         checks = [("key_bits", self.key_bits), ("value_bits", self.value_bits)]
         if self.outlier_channels:
             checks += [("outlier_key_bits", self.outlier_key_bits_resolved),
@@ -139,9 +189,18 @@ class TurboQuantCacheConfig:
         high = self.outlier_key_bits_resolved if stream == "key" else self.outlier_value_bits_resolved
         return [(self.outlier_channels, high), (head_dim - self.outlier_channels, bits)]
 
+    def stream_bytes(self, head_dim: int, stream: str) -> int:
+        """Stored bytes of one key or value vector in this configuration's format."""
+        if stream == "key" and self.key_format == "fp8":
+            return head_dim
+        if stream == "value" and self.value_format == "uniform":
+            return math.ceil(head_dim * self.value_bits / 8) + UNIFORM_SIDE_BYTES
+        return token_bytes(self.groups(head_dim, stream), self.key_variant if stream == "key" else "mse")
+
 
 def token_bytes(groups: list[tuple[int, int]], variant: str) -> int:
-    """Stored bytes of one vector: packed codes + fp16 norm per group (+ QJL signs and residual norm for prod)."""
+    """Stored bytes of one TurboQuant vector: packed codes + fp16 norm per group (+ QJL signs and residual norm
+    for prod)."""
     if variant == "mse":
         return sum(math.ceil(m * b / 8) + NORM_BYTES for m, b in groups)
     return sum(math.ceil(m * (b - 1) / 8) + math.ceil(m / 8) + 2 * NORM_BYTES for m, b in groups)
@@ -153,22 +212,40 @@ def index_itemsize(head_dim: int) -> int:
 
 def nominal_bits_per_value(config: TurboQuantCacheConfig, head_dim: int) -> float:
     """True stored bits per K/V value of a quantized layer (codes + norms + indices amortised to 0; no window)."""
-    key = token_bytes(config.groups(head_dim, "key"), config.key_variant)
-    value = token_bytes(config.groups(head_dim, "value"), "mse")
-    return 8 * (key + value) / (2 * head_dim)
+    return 8 * (config.stream_bytes(head_dim, "key") + config.stream_bytes(head_dim, "value")) / (2 * head_dim)
 
 
-def turboquant_preset(bits: float, head_dim: int) -> dict:
-    """Options for ``bits`` = an integer (no split) or ``b + 0.5`` (``head_dim/4`` outlier channels at ``b+1`` bits)."""
+def vllm_preset_options(name: str) -> dict:
+    """The options of one of vLLM's TurboQuant presets (:data:`VLLM_PRESETS`)."""
+    if name not in VLLM_PRESETS:
+        raise ValueError(f"unknown vLLM TurboQuant preset {name!r}; known: {sorted(VLLM_PRESETS)}")
+    return dict(VLLM_PRESETS[name])
+
+
+def _stream_preset(bits: float, head_dim: int) -> tuple[int, int | None]:
+    """``(bits of the regular channels, bits of the outlier channels or None)`` of one stream's preset."""
+    if isinstance(bits, bool) or not isinstance(bits, (int, float)):
+        raise ValueError(f"TurboQuant preset bits must be numbers, got {bits!r}")
     if float(bits).is_integer():
-        return {"key_bits": int(bits), "value_bits": int(bits)}
+        return int(bits), None
     if (2 * bits).is_integer() and bits > 1:
-        low = int(bits - 0.5)
         if head_dim % 4:
             raise ValueError(f"the {bits}-bit preset needs head_dim divisible by 4, got {head_dim}")
-        return {"key_bits": low, "value_bits": low, "outlier_channels": head_dim // 4,
-                "outlier_key_bits": low + 1, "outlier_value_bits": low + 1}
+        return int(bits - 0.5), int(bits + 0.5)
     raise ValueError(f"TurboQuant presets exist for integer bits and b + 0.5 bits (e.g. 2.5, 3.5), got {bits}")
+
+
+def turboquant_preset(bits: float | tuple[float, float] | list[float], head_dim: int) -> dict:
+    """Options for ``bits`` = an integer (no split) or ``b + 0.5`` (``head_dim/4`` outlier channels at ``b+1``
+    bits), for keys and values alike, or a pair ``(key bits, value bits)`` of such presets (e.g. ``(3.5, 2.5)``:
+    both streams split the same ``head_dim/4`` channels; an integer side keeps its bits in both groups)."""
+    key, value = (bits, bits) if not isinstance(bits, (tuple, list)) else tuple(bits)
+    (key_low, key_high), (value_low, value_high) = _stream_preset(key, head_dim), _stream_preset(value, head_dim)
+    options = {"key_bits": key_low, "value_bits": value_low}
+    if key_high is not None or value_high is not None:
+        options.update(outlier_channels=head_dim // 4, outlier_key_bits=key_high or key_low,
+                       outlier_value_bits=value_high or value_low)
+    return options
 
 
 def _make_quantizer(dim: int, bits: int, variant: str, rotation: str, seed: int, device: torch.device):
@@ -181,8 +258,8 @@ class TurboQuantEncoder(Encoder):
     TurboQuant instance per channel group."""
 
     def __init__(self, head_dim: int, groups: list[tuple[int, int]], variant: str, rotation: str, seed: int,
-                 device: torch.device, center: bool = False) -> None:
-        self.head_dim, self.variant, self.center = head_dim, variant, center
+                 device: torch.device, center: bool = False, norm_correction: bool = False) -> None:
+        self.head_dim, self.variant, self.center, self.norm_correction = head_dim, variant, center, norm_correction
         self.key_mean: torch.Tensor | None = None  # stored when centering: (B, H, d) fp16 mean of the prefill
         self.quantizers = [
             _make_quantizer(m, b, variant, rotation, seed + part, device) for part, (m, b) in enumerate(groups)
@@ -232,7 +309,11 @@ class TurboQuantEncoder(Encoder):
             if self.templates[part] is None:
                 self.templates[part] = qv
             fields[f"codes{part}"] = qv.codes
-            fields[f"norms{part}"] = qv.norms.to(torch.float16)
+            norms = qv.norms
+            if self.norm_correction:  # ||x|| / ||c(idx)||: ||dequantize|| = ||x|| * ||c(idx)|| (Pi is orthogonal)
+                reconstructed = quantizer.dequantize(qv).float().norm(dim=-1)
+                norms = torch.where(reconstructed > 0, norms * norms / reconstructed.clamp_min(1e-30), norms)
+            fields[f"norms{part}"] = norms.to(torch.float16)
             if qv.qjl_signs is not None:
                 fields[f"signs{part}"] = qv.qjl_signs
                 fields[f"residual_norms{part}"] = qv.residual_norms.to(torch.float16)
@@ -258,6 +339,28 @@ class TurboQuantEncoder(Encoder):
         return tensor_nbytes(self.outlier_index, self.key_mean)
 
 
+class FP8Encoder(Encoder):
+    """Each coordinate as one float8_e4m3fn byte, clamped to +-448 (vLLM's ``k8`` keys: no rotation, no scale)."""
+
+    def encode(self, x: torch.Tensor) -> Fields:
+        return {"fp8": x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)}
+
+    def decode(self, fields: Fields) -> torch.Tensor:
+        return fields["fp8"].float()
+
+
+def _stream_encoder(config: TurboQuantCacheConfig, stream: str, head_dim: int, seed: int,
+                    device: torch.device) -> Encoder:
+    """The encoder of one stream ("key"/"value") in the configuration's format."""
+    if stream == "key" and config.key_format == "fp8":
+        return FP8Encoder()
+    if stream == "value" and config.value_format == "uniform":
+        return KIVIValueEncoder(config.value_bits, group_size=head_dim, dim=head_dim)  # one group per vector
+    variant = config.key_variant if stream == "key" else "mse"
+    return TurboQuantEncoder(head_dim, config.groups(head_dim, stream), variant, config.rotation, seed, device,
+                             center=stream == "key" and config.center_keys, norm_correction=config.norm_correction)
+
+
 class TurboQuantLayer(StreamLayer):
     """One quantized layer; see the module docstring for the scheme and the byte formula."""
 
@@ -272,9 +375,8 @@ class TurboQuantLayer(StreamLayer):
         config.check_head_dim(d)
         seed = config.seed + 1000 * self.layer_idx
         streams = {}
-        for offset, (stream, variant) in enumerate((("key", config.key_variant), ("value", "mse"))):
-            encoder = TurboQuantEncoder(d, config.groups(d, stream), variant, config.rotation, seed + 10 * offset,
-                                        self.device, center=stream == "key" and config.center_keys)
+        for offset, stream in enumerate(("key", "value")):
+            encoder = _stream_encoder(config, stream, d, seed + 10 * offset, self.device)
             streams[stream] = QuantizedStream(
                 encoder, config.residual_length, "block", self.fp_dtype, self.compute_dtype,
                 keep_workspace=self.keep_workspace, decode_fn=self.decode_fn,
@@ -290,23 +392,31 @@ class TurboQuantLayer(StreamLayer):
 
 def turboquant_nbytes_per_head(config: TurboQuantCacheConfig, d: int, n_q: int, n_r: int) -> int:
     """The module docstring's byte formula for one quantized layer, batch row and KV head."""
-    per_token = token_bytes(config.groups(d, "key"), config.key_variant) + token_bytes(config.groups(d, "value"), "mse")
+    per_token = config.stream_bytes(d, "key") + config.stream_bytes(d, "value")
     index_bytes = (1 + config.value_outliers) * config.outlier_channels * index_itemsize(d)
     center_bytes = NORM_BYTES * d if config.center_keys else 0
     return n_q * per_token + 2 * 2 * d * n_r + index_bytes + center_bytes
 
 
-def boundary_layer_set(num_layers: int, boundary_layers: int) -> set[int]:
-    """Indices of the first and last ``boundary_layers`` layers."""
-    if 2 * boundary_layers >= num_layers and boundary_layers:
-        raise ValueError(f"boundary_layers={boundary_layers} would keep all {num_layers} layers in full precision")
-    return set(range(boundary_layers)) | set(range(num_layers - boundary_layers, num_layers))
+def full_precision_layers(config: TurboQuantCacheConfig, num_layers: int) -> set[int]:
+    """Indices of the layers kept in 16 bits: the first and last ``boundary_layers`` and ``fp16_layers`` (layer
+    indices; negative ones count from the last layer, as in Python: -1 is the last)."""
+    boundary = config.boundary_layers
+    outside = [i for i in config.fp16_layers if not -num_layers <= i < num_layers]
+    if outside:
+        raise ValueError(f"fp16_layers {outside} do not exist in a model of {num_layers} layers")
+    layers = set(range(boundary)) | set(range(num_layers - boundary, num_layers)) if boundary else set()
+    layers |= {i % num_layers for i in config.fp16_layers}
+    if len(layers) >= num_layers:
+        raise ValueError(f"boundary_layers={boundary} and fp16_layers={list(config.fp16_layers)} would keep all "
+                         f"{num_layers} layers in full precision")
+    return layers
 
 
 def memory_ratio_at(config: TurboQuantCacheConfig, shape: ModelShape, tokens: int | None) -> float:
     """Model-wide ratio to the 16-bit cache after ``tokens`` tokens (boundary layers at 16 bits, windows and
     indices counted), or in the steady state (``tokens=None``: codes and norms only)."""
-    full = len(boundary_layer_set(shape.num_layers, config.boundary_layers))
+    full = len(full_precision_layers(config, shape.num_layers))
     if tokens is None:
         quantized = nominal_bits_per_value(config, shape.head_dim) / 16
     else:
@@ -320,18 +430,22 @@ PRESET_BITS = tuple(b / 2 for b in range(2, 17))  # 1, 1.5, ..., 8
 
 def build_turboquant_cache(
     shape: ModelShape,
-    bits: float | None = None,
+    bits: float | tuple[float, float] | list[float] | None = None,
     memory_ratio: float | None = None,
     context_length: int | None = None,
+    max_new_tokens: int | None = None,
+    vllm_preset: str | None = None,
     fp_dtype: torch.dtype | None = None,
     keep_workspace: bool = True,
     decode_fn: Callable[[Encoder, Fields], torch.Tensor] | None = None,
     fused_decode: bool = False,
     **options,
 ) -> CompressedCache:
-    """A TurboQuant cache from a preset (``bits=3.5``), a memory budget (``memory_ratio=0.25``: the largest preset
-    whose true ratio fits, at ``context_length`` tokens if given — windows and indices counted — else in the
-    steady state) or explicit :class:`TurboQuantCacheConfig` fields (``key_bits=...``), which override the preset's.
+    """A TurboQuant cache from a preset (``bits=3.5``, ``bits=(3.5, 2.5)`` for keys and values, or one of vLLM's, ``vllm_preset="turboquant_4bit_nc"``), a
+    memory budget (``memory_ratio=0.25``: the largest ``bits`` preset whose true ratio fits at its peak over a
+    generation of ``max_new_tokens`` after a ``context_length``-token prompt — windows and indices counted — or in
+    the steady state without a length) or explicit :class:`TurboQuantCacheConfig` fields (``key_bits=...``), which
+    override the preset's.
 
     ``fused_decode=True`` makes every quantized layer a
     :class:`~turboquant.kvcache.fused_attention.FusedTurboQuantLayer`: inside
@@ -342,8 +456,8 @@ def build_turboquant_cache(
     the bytes, the byte formula and the method name in result rows are the same, as for ``keep_workspace`` and
     ``decode_fn``, the other two read paths (``decode_fn`` is the workspace path's hook and cannot be combined
     with it)."""
-    if bits is not None and memory_ratio is not None:
-        raise ValueError("give bits= or memory_ratio=, not both")
+    if sum(x is not None for x in (bits, memory_ratio, vllm_preset)) > 1:
+        raise ValueError("give at most one of bits=, memory_ratio= and vllm_preset=")
     if not isinstance(fused_decode, bool):
         raise ValueError(f"fused_decode must be a bool, got {fused_decode!r}")
     if fused_decode and decode_fn is not None:
@@ -352,19 +466,27 @@ def build_turboquant_cache(
     unknown = set(options) - {f.name for f in dataclasses.fields(TurboQuantCacheConfig)}
     if unknown:
         raise ValueError(f"unknown TurboQuant options {sorted(unknown)}")
+    if "fp16_layers" in options:
+        options["fp16_layers"] = tuple(options["fp16_layers"])
     if memory_ratio is not None:
-        fitting = [
-            b for b in PRESET_BITS
-            if memory_ratio_at(TurboQuantCacheConfig(**{**turboquant_preset(b, shape.head_dim), **options}), shape,
-                                context_length) <= memory_ratio + 1e-9
-        ]
+        def peak(config: TurboQuantCacheConfig) -> float:
+            if context_length is None:
+                return memory_ratio_at(config, shape, None)
+            return peak_ratio_over(lambda t: memory_ratio_at(config, shape, t), context_length, max_new_tokens)
+
+        fitting = [b for b in PRESET_BITS
+                   if peak(TurboQuantCacheConfig(**{**turboquant_preset(b, shape.head_dim), **options}))
+                   <= memory_ratio + 1e-9]
         if not fitting:
             raise ValueError(f"no TurboQuant preset fits memory_ratio={memory_ratio}")
         bits = max(fitting)
-    preset = turboquant_preset(bits, shape.head_dim) if bits is not None else {}
+    if vllm_preset is not None:
+        preset = vllm_preset_options(vllm_preset)
+    else:
+        preset = turboquant_preset(bits, shape.head_dim) if bits is not None else {}
     config = TurboQuantCacheConfig(**{**preset, **options})
     config.check_head_dim(shape.head_dim)
-    full = boundary_layer_set(shape.num_layers, config.boundary_layers)
+    full = full_precision_layers(config, shape.num_layers)
     if fused_decode:
         # deferred: fused_attention builds on this module (FusedTurboQuantLayer subclasses TurboQuantLayer)
         from turboquant.kvcache.fused_attention import (
@@ -382,7 +504,7 @@ def build_turboquant_cache(
         def quantized_layer(index: int) -> TurboQuantLayer:
             return TurboQuantLayer(index, config, fp_dtype, keep_workspace=keep_workspace, decode_fn=decode_fn)
     layers = [FullPrecisionLayer(i, fp_dtype) if i in full else quantized_layer(i) for i in range(shape.num_layers)]
-    summary = {**dataclasses.asdict(config), "preset_bits": bits,
+    summary = {**dataclasses.asdict(config), "preset_bits": bits, "vllm_preset": vllm_preset,
                "nominal_bits_per_value": nominal_bits_per_value(config, shape.head_dim), "fused_decode": fused_decode}
     return CompressedCache(layers, method="turboquant", options=summary)
 

@@ -1,0 +1,145 @@
+"""Why TurboQuant wins or loses the needle: one setting changed at a time, at the same peak memory budget.
+
+Every row is a KV-cache method (``experiment.methods``), run through the needle protocol of
+:mod:`experiments.needle` (same prompts, batching, peak memory accounting) on a development grid, over
+``experiment.method_seeds`` rotation draws. Per row the table gives
+
+* the needle score, mean over cells and seeds, with the standard error over seeds (the quantizer's random draw);
+* the teacher-forced log-probability of the full cache's answer (``answer_logprob``; nats, mean over cells), which
+  separates settings before their greedy answers differ, with its standard error over seeds;
+* the peak memory ratio (the largest over the cells) and whether it fits ``experiment.memory_ratio``.
+
+The best row within the budget (highest needle score; ties broken by the log-probability) is written as a method
+config, ``best_<model>.yaml`` beside the table, to be named as a preset beside the paper's (the paper's preset is
+never replaced). A row whose peak memory exceeds the budget is reported, marked, and never chosen.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import yaml
+
+from experiments import needle
+from experiments.io import ResultStore, config_to_dict
+from experiments.plotting import figure_style, figure_title, save_figure
+
+RESULT_KEYS = needle.RESULT_KEYS
+
+__all__ = ["RESULT_KEYS", "run", "ablation_table", "best_row", "plot"]
+
+
+def _seed_se(rows: pd.DataFrame, column: str) -> float:
+    """Standard error over seeds of the per-seed mean of ``column`` (NaN with one seed)."""
+    seeds = rows["method_seed"].fillna(-1) if "method_seed" in rows else pd.Series(-1, index=rows.index)
+    per_seed = rows.groupby(seeds)[column].mean()
+    return float(per_seed.std(ddof=1) / math.sqrt(len(per_seed))) if len(per_seed) > 1 else float("nan")
+
+
+def ablation_table(df: pd.DataFrame, budget: float, order: list[str]) -> pd.DataFrame:
+    """One row per method: needle score, answer log-probability, peak memory, each with its seed spread."""
+    if df.empty:
+        raise ValueError("no ablation rows to tabulate")
+    logprob = "reference_answer_logprob" in df
+    rows = []
+    for method in [m for m in order if m in set(df["method"])]:
+        cells = df[df["method"] == method]
+        peak = float(cells["peak_memory_ratio"].max())
+        rows.append({
+            "method": method,
+            "label": cells["method_label"].iloc[0],
+            "seeds": int(cells["method_seed"].nunique()) if cells["method_seed"].notna().any() else 1,
+            "cells": len(cells),
+            "needle_score": float(cells["score"].mean()),
+            "needle_se": _seed_se(cells, "score"),
+            "answer_logprob": float(cells["reference_answer_logprob"].mean()) if logprob else float("nan"),
+            "answer_logprob_se": _seed_se(cells, "reference_answer_logprob") if logprob else float("nan"),
+            "peak_memory_ratio": peak,
+            "within_budget": peak <= budget + 1e-9,
+            "attention_path": ",".join(sorted(set(cells["attention_path"].astype(str)))),
+        })
+    return pd.DataFrame(rows)
+
+
+def best_row(table: pd.DataFrame) -> pd.Series | None:
+    """The compressed row within the budget with the highest needle score (then log-probability), if any."""
+    candidates = table[table["within_budget"] & (table["peak_memory_ratio"] < 1.0)]
+    if candidates.empty:
+        return None
+    ranked = candidates.assign(_lp=candidates["answer_logprob"].fillna(-np.inf))
+    return ranked.sort_values(["needle_score", "_lp"], ascending=False).iloc[0]
+
+
+def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
+    """The needle cells of every row (``experiments.needle.run``), then the ablation table and the best row."""
+    frame = needle.run(cfg, store)
+    if not frame.empty:
+        _write_table(frame, cfg, store.directory)
+    return frame
+
+
+def _write_table(df: pd.DataFrame, cfg: Any, directory: Path) -> None:
+    budget = float(cfg.experiment.memory_ratio)
+    table = ablation_table(df, budget, list(cfg.experiment.methods))
+    model = str(df["model"].iloc[0])
+    table.to_csv(directory / f"ablation_{model}.csv", index=False)
+    reference = table.set_index("method")["needle_score"].get(cfg.experiment.get("reference_row"), np.nan)
+    lines = [f"# KV-cache ablation, model {df['model_label'].iloc[0]}", "",
+             f"contexts {sorted(int(c) for c in df['context'].unique())} x {df['depth'].nunique()} depths; budget "
+             f"{budget:.0%} of the 16-bit cache at its peak; mean +- SE over rotation seeds "
+             "(experiments/kv_ablation.py).", "",
+             "| row | needle score | Δ vs paper preset | log p(full answer) | peak memory | fits | seeds | path |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in table.itertuples():
+        se = "" if math.isnan(row.needle_se) else f" ± {row.needle_se:.3f}"
+        lp = "" if math.isnan(row.answer_logprob) else f"{row.answer_logprob:.2f}" + (
+            "" if math.isnan(row.answer_logprob_se) else f" ± {row.answer_logprob_se:.2f}")
+        delta = "" if math.isnan(reference) else f"{row.needle_score - reference:+.3f}"
+        lines.append(f"| {row.label} | {row.needle_score:.3f}{se} | {delta} | {lp} | {row.peak_memory_ratio:.3f} | "
+                     f"{'yes' if row.within_budget else 'no'} | {row.seeds} | {row.attention_path} |")
+    best = best_row(table)
+    if best is not None:
+        method = config_to_dict(cfg.experiment.methods[best["method"]])
+        options = {k: v for k, v in (method.get("options") or {}).items() if k != "seed"}
+        preset = {"name": f"turboquant_best_{model}", "label": f"best within {budget:.0%} on {model}: {best['label']}",
+                  "cache": str(method["cache"]), "options": {**options, "seed": "${oc.select:seed,0}"}}
+        header = (f"# Chosen by experiments/kv_ablation.py: the best row within {budget:.0%} peak memory on {model}\n"
+                  f"# (needle {best['needle_score']:.3f}, peak {best['peak_memory_ratio']:.3f}).\n")
+        (directory / f"best_{model}.yaml").write_text(header + yaml.safe_dump(preset, sort_keys=False))
+        lines += ["", f"Best within the budget: **{best['label']}** (`best_{model}.yaml`)."]
+    (directory / f"ablation_{model}.md").write_text("\n".join(lines) + "\n")
+
+
+def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
+    """Needle score and answer log-probability per row, with seed standard errors; over-budget rows hatched."""
+    if df.empty:
+        raise ValueError("no ablation rows to plot")
+    budget = float(cfg.experiment.memory_ratio)
+    table = ablation_table(df, budget, list(cfg.experiment.methods))
+    provenance = df.attrs.get("provenance", {})
+    labels = [textwrap.fill(f"{label} ({100 * peak:.1f}%)", 44) for label, peak in
+              zip(table["label"], table["peak_memory_ratio"])]
+    y = np.arange(len(table))
+    with figure_style():
+        fig, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(table) + 2.2), sharey=True, constrained_layout=True)
+        for ax, column, name in ((axes[0], "needle_score", "needle score"),
+                                 (axes[1], "answer_logprob", "log p(full cache's answer), nats")):
+            bars = ax.barh(y, table[column], xerr=table[column.replace("score", "se") if column == "needle_score"
+                                                        else "answer_logprob_se"].fillna(0), color="#4C72B0")
+            for bar, fits in zip(bars, table["within_budget"]):
+                if not fits:
+                    bar.set_hatch("//")
+                    bar.set_facecolor("#BBBBBB")
+            ax.set_xlabel(name)
+            ax.invert_yaxis() if ax is axes[0] else None
+        axes[0].set_yticks(y, labels)
+        axes[0].set_xlim(0, 1.05)
+        fig.suptitle(figure_title(f"KV-cache ablation at {budget:.0%} peak memory (hatched: over budget), mean ± SE "
+                                  "over rotation seeds", provenance))
+        return save_figure(fig, figures_dir, f"kv_ablation_{cfg.model.name}")
