@@ -54,6 +54,7 @@ class Generation:
     bits_per_value: float
     compression_ratio: float
     attention_path: str  # "fused" (decode steps read the packed store in the kernel) or "workspace"
+    gpu_peak_bytes: int | None = None  # torch.cuda.max_memory_allocated over the generation (model included)
 
     @property
     def text(self) -> str:
@@ -163,6 +164,9 @@ def generate_with_cache(
         extra["stopping_criteria"] = stopping_criteria
     fused = any(isinstance(layer, FusedTurboQuantLayer) for layer in cache.layers)
     read_path = fused_decode(model, cache) if fused else contextlib.nullcontext()
+    on_gpu = input_ids.device.type == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(input_ids.device)
     start = time.perf_counter()
     with attach(model, cache), read_path:
         output = model.generate(
@@ -193,6 +197,7 @@ def generate_with_cache(
         bits_per_value=float(cache.bits_per_value()),
         compression_ratio=float(cache.compression_ratio()),
         attention_path=attention_path(cache),
+        gpu_peak_bytes=int(torch.cuda.max_memory_allocated(input_ids.device)) if on_gpu else None,
     )
 
 

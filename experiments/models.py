@@ -1,6 +1,6 @@
 """Causal-LM loading for the KV-cache experiments (needle-in-a-haystack, LongBench-style).
 
-Two sources, one entry point (:func:`load_model`):
+Three sources, one entry point (:func:`load_model`):
 
 * ``pretrained``: a Hugging Face hub id or a local directory, exactly what
   ``AutoModelForCausalLM.from_pretrained`` accepts (the paper's ``meta-llama/Llama-3.1-8B-Instruct``,
@@ -11,6 +11,9 @@ Two sources, one entry point (:func:`load_model`):
   ``shared/reference/llm.md``). The files are read from the installed packages' folders without importing
   them; a model split over several packages is concatenated in order and its SHA-256 checked.
   These models load with ``HF_HUB_OFFLINE=1``: nothing is fetched at run time.
+* ``architecture``: a transformers config (``model_type`` and its fields) built with random weights (seeded by
+  ``seed``) and the tokenizer named by ``tokenizer``: the shape of a model one does not have, for measuring what
+  a run of the real one costs (time, memory), never its quality.
 
 Reading a GGUF file dequantizes every tensor (40-85 s on 2 CPU cores), and ``save_pretrained`` refuses a
 GGUF-loaded model. The first load therefore rebuilds the model with ``from_config`` + ``load_state_dict``
@@ -134,6 +137,8 @@ class ModelSpec:
     gguf_file: str | None = None
     gguf_sha256: str | None = None
     packaged_gguf: PackagedGGUF | None = None
+    architecture: dict[str, Any] | None = None
+    tokenizer: str | None = None
     substitutes_for: str | None = None
     dtype: str = AUTO_DTYPE
     attn_implementation: str | None = "sdpa"
@@ -142,11 +147,15 @@ class ModelSpec:
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.pretrained is None) == (self.packaged_gguf is None):
+        if sum(x is not None for x in (self.pretrained, self.packaged_gguf, self.architecture)) != 1:
             raise ValueError(
-                f"model {self.name!r}: set exactly one of 'pretrained' (hub id or local path) and "
-                f"'packaged_gguf' (weights inside pip packages)"
+                f"model {self.name!r}: set exactly one of 'pretrained' (hub id or local path), "
+                f"'packaged_gguf' (weights inside pip packages) and 'architecture' (random weights)"
             )
+        if (self.architecture is None) != (self.tokenizer is None):
+            raise ValueError(f"model {self.name!r}: 'tokenizer' (a local path or hub id) goes with 'architecture'")
+        if self.architecture is not None and "model_type" not in self.architecture:
+            raise ValueError(f"model {self.name!r}: 'architecture' needs a 'model_type' (e.g. llama)")
         if self.gguf_file is not None and self.pretrained is None:
             raise ValueError(f"model {self.name!r}: 'gguf_file' names a file inside 'pretrained'")
         if self.gguf_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.gguf_sha256):
@@ -345,7 +354,20 @@ def load_model(spec: ModelSpec, device: str | torch.device = "cpu") -> LoadedMod
     kwargs: dict[str, Any] = {"dtype": _DTYPES[dtype]}
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
-    if spec.packaged_gguf is not None or spec.gguf_file is not None:
+    if spec.architecture is not None:
+        from transformers import AutoConfig
+
+        assert spec.tokenizer is not None
+        tokenizer = AutoTokenizer.from_pretrained(str(_resolve(spec.tokenizer)) if spec.tokenizer.startswith(
+            (".", "/", "~")) else spec.tokenizer, local_files_only=spec.local_files_only)
+        architecture = dict(spec.architecture)
+        config = AutoConfig.for_model(architecture.pop("model_type"), **{"vocab_size": len(tokenizer), **architecture})
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+        provenance = {"source": "random_weights", "architecture": spec.architecture, "tokenizer": spec.tokenizer,
+                      "dtype": dtype, "vocab_size": len(tokenizer)}
+    elif spec.packaged_gguf is not None or spec.gguf_file is not None:
         os.environ["HF_HUB_OFFLINE"] = "1"
         source, provenance = _converted_gguf_model(spec, dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)

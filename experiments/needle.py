@@ -269,6 +269,7 @@ def run_batch(
         "bits_per_value": result.bits_per_value,
         "compression_ratio": result.compression_ratio,
         "attention_path": result.attention_path,
+        "gpu_peak_gib": None if result.gpu_peak_bytes is None else result.gpu_peak_bytes / 2**30,
     }
     return [{"answer": text.strip(), "answer_tokens": tokens, **shared}
             for text, tokens in zip(result.texts, result.new_tokens)]

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The H200 runs of the LLM experiments (results/needle_h200/README.md), one stage per device call:
+#   bash scripts/h200_llm.sh setup            # wheels, the ferried GGUF parts -> one checked file, bf16 conversion
+#   bash scripts/h200_llm.sh needle SECONDS   # Fig. 4 grid (4K-32K x 11 depths), resumable, stops after SECONDS
+#   bash scripts/h200_llm.sh ablation SECONDS # kv_ablation at 16K x 11 depths x 10 seeds, resumable
+#   bash scripts/h200_llm.sh dryrun SECONDS   # Llama-3.1-8B-shaped random model at 104K tokens, per method
+# Results accumulate in /tmp/tq_results (kept while the machine is warm) and are packed into $OUT after each stage.
+set -uo pipefail
+stage=${1:?stage}; budget=${2:-540}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TURBOQUANT_CACHE_DIR=/tmp/tqcache PYTHONPATH=/tmp/site
+GGUF=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+MODEL="model=qwen25_coder_15b model.packaged_gguf=null +model.pretrained=/tmp/model +model.gguf_file=$GGUF"
+RESULTS="paths.results_dir=/tmp/tq_results paths.figures_dir=/tmp/tq_results/figures hydra.run.dir=/tmp/tq_hydra/\${now:%H-%M-%S}"
+run() { timeout --signal=INT "$budget" "${PY:-python3}" run.py "$@" $RESULTS 2>&1 | tee -a "$OUT/log_$stage.txt"; }
+pack() { mkdir -p /tmp/tq_results; tar -czf "$OUT/results_$stage.tgz" -C /tmp tq_results; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > "$OUT/gpu.txt"; }
+case $stage in
+  setup)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    cat /tmp/model/q15.part* > /tmp/model/$GGUF && rm /tmp/model/q15.part* && sha256sum /tmp/model/$GGUF
+    python3 -c "
+import torch, transformers; from omegaconf import OmegaConf
+from experiments.models import load_model, model_spec_from_config
+cfg = OmegaConf.load('configs/model/qwen25_coder_15b.yaml'); cfg.packaged_gguf = None
+cfg.pretrained = '/tmp/model'; cfg.gguf_file = '$GGUF'
+m = load_model(model_spec_from_config(cfg), 'cuda'); print(transformers.__version__, torch.__version__, m.provenance)"
+    ;;
+  needle)   # the paper's rows, the two best-preset candidates, vLLM's 4-bit preset and the baselines
+    run experiment=needle $MODEL scale=gpu '~experiment.methods.turboquant_3p5' '~experiment.methods.turboquant_2p5' \
+      '~experiment.methods.kivi_2bit' '+experiment.methods.turboquant_4bit_nc.seeds=[0]' \
+      '+experiment.methods.turboquant_3p5_prod.seeds=[0]' '+experiment.methods.polarquant.seeds=[0]' ;;
+  ablation)
+    run experiment=kv_ablation $MODEL scale=gpu ;;
+  dryrun)   # one cell per method at 104K tokens: seconds and GPU memory of model=llama31_8b scale=paper
+    tok=$(ls -d /tmp/tqcache/models/local--*--bfloat16 | head -1)
+    run experiment=needle model=llama31_8b_random model.tokenizer="$tok" scale=gpu 'experiment.sizes.gpu.contexts=[104000]' \
+      'experiment.sizes.gpu.depths=[0.5]' experiment.sizes.gpu.batch_size=1 'experiment.method_seeds=[0]' \
+      '~experiment.methods.turboquant_3p5' '~experiment.methods.turboquant_2p5' '~experiment.methods.kivi_2bit' \
+      '~experiment.methods.turboquant_2p5_window' '~experiment.methods.turboquant_b1_k3p5v2p5' '~experiment.methods.polarquant' \
+      '+experiment.methods.turboquant_3p5_window_workspace={label:"TurboQuant 3.5-bit + window, workspace read path",cache:turboquant,options:{bits:3.5,residual_length:128,fused_decode:false,seed:0}}' ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
+pack
