@@ -74,7 +74,8 @@ class CacheFormat:
 
     ``query_map`` (head_dim, L) float32 maps the query in key channel order to every key stage's query in stream
     order; ``value_rotation`` (head_dim, head_dim) is ``blockdiag(Pi_V0, Pi_V1)`` (``o_P = o_rot @ it``); ``tables``
-    are the fp16 codebooks; ``meta`` the kernel's compile-time geometry.
+    are the fp16 codebooks; ``meta`` the kernel's compile-time geometry: ``K_SPLIT`` / ``V_SPLIT`` (two channel
+    groups) and ``K0``, ``K1``, ``V0``, ``V1``, each group's :class:`KeyGeometry` / :class:`ValueGeometry` as a tuple.
     """
 
     key_groups: tuple[ChannelGroup, ...]
@@ -107,15 +108,14 @@ class CacheFormat:
         blocks, query_offset = [], 0
         for part in range(MAX_CHANNEL_GROUPS):
             if part < len(key_groups):
-                geometry = _key_geometry(key_groups[part], query_offset)
-                blocks.append(_key_stage_columns(key_groups[part], geometry, device))
+                key_geometry = _key_geometry(key_groups[part], query_offset)
+                blocks.append(_key_stage_columns(key_groups[part], key_geometry, device))
                 query_offset += blocks[-1].shape[1]
             else:
-                geometry = _ABSENT_KEY_GROUP
-            meta.update({f"K{part}_{name}": value for name, value in geometry.items()})
-            geometry = (_value_geometry(value_groups[part], sum(value_dims[:part])) if part < len(value_groups)
-                        else _ABSENT_VALUE_GROUP)
-            meta.update({f"V{part}_{name}": value for name, value in geometry.items()})
+                key_geometry = _ABSENT_KEY_GROUP
+            value_geometry = (_value_geometry(value_groups[part], sum(value_dims[:part]))
+                              if part < len(value_groups) else _ABSENT_VALUE_GROUP)
+            meta[f"K{part}"], meta[f"V{part}"] = tuple(key_geometry), tuple(value_geometry)
 
         def table(group: ChannelGroup) -> torch.Tensor:
             centroids = group.centroids if group.bits else torch.zeros(1)  # QJL alone: no table is read
@@ -131,38 +131,61 @@ def _block_diag(blocks: list[torch.Tensor]) -> torch.Tensor:
     return blocks[0] if len(blocks) == 1 else torch.block_diag(*blocks)
 
 
-def _key_geometry(group: ChannelGroup, query_offset: int) -> dict[str, Any]:
-    """Constexprs of one key group: MSE code geometry (``_layout``; none at 0 bits), QJL sign groups (1-bit codes)
-    and where its stages' queries start in the query row."""
+class KeyGeometry(NamedTuple):
+    """Compile-time geometry of one key channel group, in the order the kernel unpacks it: MSE code width and
+    layout (``_layout``; ``bpg``, ``cpg`` = 1 at 0 bits), code groups padded to a power of two, whether a QJL
+    stage follows, its sign groups (1-bit codes), and where the group's stage queries start in the query row."""
+
+    bits: int
+    bpg: int
+    cpg: int
+    groups: int
+    qjl: bool
+    sign_groups: int
+    q_off: int
+    qjl_q_off: int
+
+
+class ValueGeometry(NamedTuple):
+    """Compile-time geometry of one value channel group, in the kernel's order: code width and layout, code
+    groups padded to a power of two, channels, and the first channel of its rotated output."""
+
+    bits: int
+    bpg: int
+    cpg: int
+    groups: int
+    dim: int
+    off: int
+
+
+def _key_geometry(group: ChannelGroup, query_offset: int) -> KeyGeometry:
     bpg, cpg = group_geometry(group.bits) if group.bits else (1, 1)
     groups = pow2_at_least(num_groups(group.dim, group.bits), floor=1) if group.bits else 1
-    return {"BITS": group.bits, "BPG": bpg, "CPG": cpg, "GROUPS": groups, "QJL": group.sketch is not None,
-            "SIGN_GROUPS": pow2_at_least(num_groups(group.dim, 1), floor=1), "Q_OFF": query_offset,
-            "QJL_Q_OFF": query_offset + (cpg * groups if group.bits else 0)}
+    return KeyGeometry(group.bits, bpg, cpg, groups, group.sketch is not None,
+                       pow2_at_least(num_groups(group.dim, 1), floor=1), query_offset,
+                       query_offset + (cpg * groups if group.bits else 0))
 
 
-def _key_stage_columns(group: ChannelGroup, geometry: dict[str, Any], device: torch.device) -> torch.Tensor:
+def _key_stage_columns(group: ChannelGroup, geometry: KeyGeometry, device: torch.device) -> torch.Tensor:
     """(dim, L_g) float32: the group's stage queries in stream order are ``q_g @ this`` (``Pi_g``, ``gamma_g S_g``)."""
     columns = []
     if group.bits:
-        columns.append(_stream_columns(group.rotation.to(device), geometry["CPG"], geometry["GROUPS"]))
+        columns.append(_stream_columns(group.rotation.to(device), geometry.cpg, geometry.groups))
     if group.sketch is not None:
         columns.append(_stream_columns(group.qjl_scale * group.sketch.to(device, torch.float32), 8,
-                                       geometry["SIGN_GROUPS"]))
+                                       geometry.sign_groups))
     return columns[0] if len(columns) == 1 else torch.cat(columns, dim=1)
 
 
-def _value_geometry(group: ChannelGroup, channel_offset: int) -> dict[str, Any]:
-    """Constexprs of one value group: code geometry, channels and first channel of its rotated output."""
+def _value_geometry(group: ChannelGroup, channel_offset: int) -> ValueGeometry:
     bpg, cpg = group_geometry(group.bits)
-    return {"BITS": group.bits, "BPG": bpg, "CPG": cpg, "GROUPS": pow2_at_least(num_groups(group.dim, group.bits)),
-            "DIM": group.dim, "OFF": channel_offset}
+    return ValueGeometry(group.bits, bpg, cpg, pow2_at_least(num_groups(group.dim, group.bits)), group.dim,
+                         channel_offset)
 
 
-# constexprs of an absent second channel group (never read: K_SPLIT / V_SPLIT are False)
-_ABSENT_KEY_GROUP = {"BITS": 0, "BPG": 1, "CPG": 1, "GROUPS": 1, "QJL": False, "SIGN_GROUPS": 1, "Q_OFF": 0,
-                     "QJL_Q_OFF": 0}
-_ABSENT_VALUE_GROUP = {"BITS": 1, "BPG": 1, "CPG": 8, "GROUPS": 16, "DIM": 0, "OFF": 0}
+# an absent second channel group (never read: K_SPLIT / V_SPLIT are False)
+_ABSENT_KEY_GROUP = KeyGeometry(bits=0, bpg=1, cpg=1, groups=1, qjl=False, sign_groups=1, q_off=0, qjl_q_off=0)
+_ABSENT_VALUE_GROUP = ValueGeometry(bits=1, bpg=1, cpg=8, groups=16, dim=0, off=0)
 
 
 def _check_stream(name: str, fields: Sequence[GroupFields], groups: Sequence[ChannelGroup], batch: int) -> None:

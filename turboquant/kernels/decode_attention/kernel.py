@@ -66,13 +66,42 @@ def _stage_scores(rows, tok_mask, row_bytes, q_cols, head_mask, table_ptr,
 
 
 @triton.jit
-def _key_group_logits(codes, norms, signs, residual_norms, table, code_bytes, sign_bytes, stride_cn, stride_sn,
-                      toks, tok_mask, q_cols, head_mask, scale,
-                      BITS: tl.constexpr, BPG: tl.constexpr, CPG: tl.constexpr, GROUPS: tl.constexpr,
-                      QJL: tl.constexpr, SIGN_GROUPS: tl.constexpr, Q_OFF: tl.constexpr, QJL_Q_OFF: tl.constexpr,
-                      BLOCK_M: tl.constexpr, LOOKUP: tl.constexpr):
+def _head_start(field, b, kv_head):
+    """Pointer to (row ``b``, KV head ``kv_head``, token 0) of a strided field ``(ptr, stride_b, stride_h, ...)``."""
+    return field[0] + (b * field[1] + kv_head * field[2])
+
+
+@triton.jit
+def _key_group_starts(group, b, kv_head):
+    """(codes, norms, signs, residual norms) pointers of one key group at (row, KV head), token 0."""
+    return (_head_start(group[0], b, kv_head), _head_start(group[1], b, kv_head), _head_start(group[2], b, kv_head),
+            _head_start(group[3], b, kv_head))
+
+
+@triton.jit
+def _value_group_starts(group, b, kv_head):
+    """(codes, norms) pointers of one value group at (row, KV head), token 0."""
+    return _head_start(group[0], b, kv_head), _head_start(group[1], b, kv_head)
+
+
+@triton.jit
+def _key_group_logits(starts, group, toks, tok_mask, q_cols, head_mask, scale,
+                      GEOMETRY: tl.constexpr, BLOCK_M: tl.constexpr, LOOKUP: tl.constexpr):
     """One key group's share of the tile's logits, (tokens, heads) fp32:
-    ``scale * n_t * (<Pi q_g, c[idx_t]> + rho_t <gamma S q_g, z_t>)`` (the QJL term only with ``QJL``)."""
+    ``scale * n_t * (<Pi q_g, c[idx_t]> + rho_t <gamma S q_g, z_t>)`` (the QJL term only with ``QJL``).
+    ``starts``: :func:`_key_group_starts`; ``group``: the group's kernel argument (``launch._key_group_args``);
+    ``GEOMETRY``: its ``format.KeyGeometry``."""
+    BITS: tl.constexpr = GEOMETRY[0]
+    BPG: tl.constexpr = GEOMETRY[1]
+    CPG: tl.constexpr = GEOMETRY[2]
+    GROUPS: tl.constexpr = GEOMETRY[3]
+    QJL: tl.constexpr = GEOMETRY[4]
+    SIGN_GROUPS: tl.constexpr = GEOMETRY[5]
+    Q_OFF: tl.constexpr = GEOMETRY[6]
+    QJL_Q_OFF: tl.constexpr = GEOMETRY[7]
+    codes, norms, signs, residual_norms = starts
+    table, code_bytes, sign_bytes = group[4], group[5], group[6]
+    stride_cn, stride_sn = group[0][3], group[2][3]
     rows = toks.to(tl.int64)
     if BITS > 0:
         unit = _stage_scores(codes + rows * stride_cn, tok_mask, code_bytes, q_cols + Q_OFF, head_mask, table,
@@ -88,9 +117,11 @@ def _key_group_logits(codes, norms, signs, residual_norms, table, code_bytes, si
 
 
 @triton.jit
-def _value_accumulators(BLOCK_M: tl.constexpr, CPG: tl.constexpr, GROUPS: tl.constexpr):
+def _value_accumulators(BLOCK_M: tl.constexpr, GEOMETRY: tl.constexpr):
     """Zero accumulators of one value group: 4-bit values keep even and odd coordinates apart ((heads, groups)
     each); other widths one (heads, CPG * groups) tile in stream order and an unused (heads, 1) placeholder."""
+    CPG: tl.constexpr = GEOMETRY[2]
+    GROUPS: tl.constexpr = GEOMETRY[3]
     if CPG == 2:
         acc_a = tl.zeros((BLOCK_M, GROUPS), dtype=tl.float32)
         acc_b = tl.zeros((BLOCK_M, GROUPS), dtype=tl.float32)
@@ -101,10 +132,17 @@ def _value_accumulators(BLOCK_M: tl.constexpr, CPG: tl.constexpr, GROUPS: tl.con
 
 
 @triton.jit
-def _accumulate_values(acc_a, acc_b, p, alpha, codes, norms, table, code_bytes, stride_cn, toks, tok_mask,
-                       BITS: tl.constexpr, BPG: tl.constexpr, CPG: tl.constexpr, GROUPS: tl.constexpr,
+def _accumulate_values(acc_a, acc_b, p, alpha, starts, group, toks, tok_mask, GEOMETRY: tl.constexpr,
                        LOOKUP: tl.constexpr):
-    """``acc <- alpha * acc + sum_t p_t n_t c[idx_t]`` for one value group over the tile (its rotated domain)."""
+    """``acc <- alpha * acc + sum_t p_t n_t c[idx_t]`` for one value group over the tile (its rotated domain);
+    ``starts``: :func:`_value_group_starts`, ``group``: ``launch._value_group_args``, ``GEOMETRY``: its
+    ``format.ValueGeometry``."""
+    BITS: tl.constexpr = GEOMETRY[0]
+    BPG: tl.constexpr = GEOMETRY[1]
+    CPG: tl.constexpr = GEOMETRY[2]
+    GROUPS: tl.constexpr = GEOMETRY[3]
+    codes, norms = starts
+    table, code_bytes, stride_cn = group[2], group[3], group[0][3]
     norm = tl.load(norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
     p_t = tl.trans((p * norm[:, None]).to(tl.float16))
     words = load_group_words(codes + toks.to(tl.int64) * stride_cn, tok_mask, tl.arange(0, GROUPS), code_bytes, BPG)
@@ -122,9 +160,12 @@ def _accumulate_values(acc_a, acc_b, p, alpha, codes, norms, table, code_bytes, 
 
 
 @triton.jit
-def _store_values(part, acc_a, acc_b, inv_l, head_mask,
-                  CPG: tl.constexpr, GROUPS: tl.constexpr, DIM: tl.constexpr, OFF: tl.constexpr):
+def _store_values(part, acc_a, acc_b, inv_l, head_mask, GEOMETRY: tl.constexpr):
     """Write one value group's normalized accumulator to its channels ``OFF .. OFF + DIM - 1`` of the split's row."""
+    CPG: tl.constexpr = GEOMETRY[2]
+    GROUPS: tl.constexpr = GEOMETRY[3]
+    DIM: tl.constexpr = GEOMETRY[4]
+    OFF: tl.constexpr = GEOMETRY[5]
     g_offs = tl.arange(0, GROUPS)
     if CPG == 2:
         even = 2 * g_offs
@@ -139,30 +180,17 @@ def _store_values(part, acc_a, acc_b, inv_l, head_mask,
 
 @triton.jit
 def decode_split_kernel(
-    q_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr,
-    k0_codes, k0_norms, k0_signs, k0_rnorms, k0_table, k0_code_bytes, k0_sign_bytes,
-    k0_scb, k0_sch, k0_scn, k0_snb, k0_snh, k0_ssb, k0_ssh, k0_ssn, k0_srb, k0_srh,
-    k1_codes, k1_norms, k1_signs, k1_rnorms, k1_table, k1_code_bytes, k1_sign_bytes,
-    k1_scb, k1_sch, k1_scn, k1_snb, k1_snh, k1_ssb, k1_ssh, k1_ssn, k1_srb, k1_srh,
-    v0_codes, v0_norms, v0_table, v0_code_bytes, v0_scb, v0_sch, v0_scn, v0_snb, v0_snh,
-    v1_codes, v1_norms, v1_table, v1_code_bytes, v1_scb, v1_sch, v1_scn, v1_snb, v1_snh,
-    tokens_per_split, stride_qb, stride_qh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-    scale_log2,
+    q_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr, k0, k1, v0, v1,
+    tokens_per_split, q_strides, part_strides, lse_strides, scale_log2,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOKUP: tl.constexpr,
     K_SPLIT: tl.constexpr, V_SPLIT: tl.constexpr,
-    K0_BITS: tl.constexpr, K0_BPG: tl.constexpr, K0_CPG: tl.constexpr, K0_GROUPS: tl.constexpr,
-    K0_QJL: tl.constexpr, K0_SIGN_GROUPS: tl.constexpr, K0_Q_OFF: tl.constexpr, K0_QJL_Q_OFF: tl.constexpr,
-    K1_BITS: tl.constexpr, K1_BPG: tl.constexpr, K1_CPG: tl.constexpr, K1_GROUPS: tl.constexpr,
-    K1_QJL: tl.constexpr, K1_SIGN_GROUPS: tl.constexpr, K1_Q_OFF: tl.constexpr, K1_QJL_Q_OFF: tl.constexpr,
-    V0_BITS: tl.constexpr, V0_BPG: tl.constexpr, V0_CPG: tl.constexpr, V0_GROUPS: tl.constexpr,
-    V0_DIM: tl.constexpr, V0_OFF: tl.constexpr,
-    V1_BITS: tl.constexpr, V1_BPG: tl.constexpr, V1_CPG: tl.constexpr, V1_GROUPS: tl.constexpr,
-    V1_DIM: tl.constexpr, V1_OFF: tl.constexpr,
+    K0: tl.constexpr, K1: tl.constexpr, V0: tl.constexpr, V1: tl.constexpr,
 ):
     """One (batch row, KV head, split). Logits are kept transposed, (tokens, heads), so decoded keys are the
     A operand of tl.dot; ``q_ptr`` holds every key stage's query in stream order (:attr:`CacheFormat.query_map`).
-    Arguments ``k{g}_*`` / ``v{g}_*`` are key / value channel group g (codes, norms, QJL signs and residual
-    norms, table, row bytes, strides); group 1 and the QJL stages are read only under their constexpr flags."""
+    ``k{g}`` / ``v{g}`` are key / value channel group g as tuples of its strided fields and sizes
+    (``launch._key_group_args`` / ``_value_group_args``), ``K{g}`` / ``V{g}`` its compile-time geometry
+    (``format.KeyGeometry`` / ``ValueGeometry``); group 1 and the QJL stages are read only under their flags."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -173,59 +201,43 @@ def decode_split_kernel(
     head_offs = tl.arange(0, BLOCK_M)
     head_mask = head_offs < GROUP
     heads = kv_head * GROUP + head_offs
-    q_cols = q_ptr + b * stride_qb + heads[None, :] * stride_qh
+    q_cols = q_ptr + b * q_strides[0] + heads[None, :] * q_strides[1]
 
-    k0_codes += b * k0_scb + kv_head * k0_sch
-    k0_norms += b * k0_snb + kv_head * k0_snh
-    k0_signs += b * k0_ssb + kv_head * k0_ssh
-    k0_rnorms += b * k0_srb + kv_head * k0_srh
-    k1_codes += b * k1_scb + kv_head * k1_sch
-    k1_norms += b * k1_snb + kv_head * k1_snh
-    k1_signs += b * k1_ssb + kv_head * k1_ssh
-    k1_rnorms += b * k1_srb + kv_head * k1_srh
-    v0_codes += b * v0_scb + kv_head * v0_sch
-    v0_norms += b * v0_snb + kv_head * v0_snh
-    v1_codes += b * v1_scb + kv_head * v1_sch
-    v1_norms += b * v1_snb + kv_head * v1_snh
+    k0_starts = _key_group_starts(k0, b, kv_head)
+    k1_starts = _key_group_starts(k1, b, kv_head)
+    v0_starts = _value_group_starts(v0, b, kv_head)
+    v1_starts = _value_group_starts(v1, b, kv_head)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc0_a, acc0_b = _value_accumulators(BLOCK_M, V0_CPG, V0_GROUPS)
+    acc0_a, acc0_b = _value_accumulators(BLOCK_M, V0)
     if V_SPLIT:
-        acc1_a, acc1_b = _value_accumulators(BLOCK_M, V1_CPG, V1_GROUPS)
+        acc1_a, acc1_b = _value_accumulators(BLOCK_M, V1)
     for n0 in range(start, end, BLOCK_N):
         toks = n0 + tl.arange(0, BLOCK_N)
         tok_mask = toks < end
-        logits = _key_group_logits(k0_codes, k0_norms, k0_signs, k0_rnorms, k0_table, k0_code_bytes, k0_sign_bytes,
-                                   k0_scn, k0_ssn, toks, tok_mask, q_cols, head_mask, scale_log2,
-                                   K0_BITS, K0_BPG, K0_CPG, K0_GROUPS, K0_QJL, K0_SIGN_GROUPS, K0_Q_OFF,
-                                   K0_QJL_Q_OFF, BLOCK_M, LOOKUP)
+        logits = _key_group_logits(k0_starts, k0, toks, tok_mask, q_cols, head_mask, scale_log2, K0, BLOCK_M, LOOKUP)
         if K_SPLIT:
-            logits += _key_group_logits(k1_codes, k1_norms, k1_signs, k1_rnorms, k1_table, k1_code_bytes,
-                                        k1_sign_bytes, k1_scn, k1_ssn, toks, tok_mask, q_cols, head_mask, scale_log2,
-                                        K1_BITS, K1_BPG, K1_CPG, K1_GROUPS, K1_QJL, K1_SIGN_GROUPS, K1_Q_OFF,
-                                        K1_QJL_Q_OFF, BLOCK_M, LOOKUP)
+            logits += _key_group_logits(k1_starts, k1, toks, tok_mask, q_cols, head_mask, scale_log2, K1, BLOCK_M,
+                                        LOOKUP)
         logits = tl.where(tok_mask[:, None], logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(logits, axis=0))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(logits - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
-        acc0_a, acc0_b = _accumulate_values(acc0_a, acc0_b, p, alpha, v0_codes, v0_norms, v0_table, v0_code_bytes,
-                                            v0_scn, toks, tok_mask, V0_BITS, V0_BPG, V0_CPG, V0_GROUPS, LOOKUP)
+        acc0_a, acc0_b = _accumulate_values(acc0_a, acc0_b, p, alpha, v0_starts, v0, toks, tok_mask, V0, LOOKUP)
         if V_SPLIT:
-            acc1_a, acc1_b = _accumulate_values(acc1_a, acc1_b, p, alpha, v1_codes, v1_norms, v1_table,
-                                                v1_code_bytes, v1_scn, toks, tok_mask, V1_BITS, V1_BPG, V1_CPG,
-                                                V1_GROUPS, LOOKUP)
+            acc1_a, acc1_b = _accumulate_values(acc1_a, acc1_b, p, alpha, v1_starts, v1, toks, tok_mask, V1, LOOKUP)
         m_i = m_new
 
     has_tokens = l_i > 0
     inv_l = 1.0 / tl.where(has_tokens, l_i, 1.0)
     lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
-    part = part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps
-    _store_values(part, acc0_a, acc0_b, inv_l, head_mask, V0_CPG, V0_GROUPS, V0_DIM, V0_OFF)
+    part = part_out_ptr + b * part_strides[0] + heads[:, None] * part_strides[1] + split * part_strides[2]
+    _store_values(part, acc0_a, acc0_b, inv_l, head_mask, V0)
     if V_SPLIT:
-        _store_values(part, acc1_a, acc1_b, inv_l, head_mask, V1_CPG, V1_GROUPS, V1_DIM, V1_OFF)
-    tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=head_mask)
+        _store_values(part, acc1_a, acc1_b, inv_l, head_mask, V1)
+    tl.store(part_lse_ptr + b * lse_strides[0] + heads * lse_strides[1] + split, lse, mask=head_mask)
 
 
 @triton.jit

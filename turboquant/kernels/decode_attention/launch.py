@@ -38,23 +38,27 @@ def _row_contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _key_group_args(field: GroupFields | None, table: torch.Tensor | None, stand_in: GroupFields) -> tuple:
-    """``k{g}_*`` kernel arguments of one key group; an absent group or stage passes ``stand_in`` (never read)."""
+    """Kernel argument ``k{g}`` of one key group: ``(codes, norms, signs, residual_norms, table, code_bytes,
+    sign_bytes)``, each tensor field as ``(tensor, stride_b, stride_h[, stride_t])``; an absent group or stage
+    passes ``stand_in`` (never read)."""
     field = field or stand_in
     codes, norms = _row_contiguous(field.codes), _row_contiguous(field.norms)
     signs = _row_contiguous(field.signs) if field.signs is not None else codes
     rnorms = _row_contiguous(field.residual_norms) if field.residual_norms is not None else norms
     if codes.shape[-1] == 0:  # QJL alone: no MSE codes (an empty tensor may have no storage to point at)
         codes = signs
-    return (codes, norms, signs, rnorms, stand_in.norms if table is None else table, codes.shape[-1],
-            signs.shape[-1], *codes.stride()[:3], *norms.stride()[:2], *signs.stride()[:3], *rnorms.stride()[:2])
+    return ((codes, *codes.stride()[:3]), (norms, *norms.stride()[:2]), (signs, *signs.stride()[:3]),
+            (rnorms, *rnorms.stride()[:2]), stand_in.norms if table is None else table, codes.shape[-1],
+            signs.shape[-1])
 
 
 def _value_group_args(field: GroupFields | None, table: torch.Tensor | None, stand_in: GroupFields) -> tuple:
-    """``v{g}_*`` kernel arguments of one value group (``stand_in`` for an absent group, never read)."""
+    """Kernel argument ``v{g}`` of one value group: ``(codes, norms, table, code_bytes)``, tensor fields as in
+    :func:`_key_group_args` (``stand_in`` for an absent group, never read)."""
     field = field or stand_in
     codes, norms = _row_contiguous(field.codes), _row_contiguous(field.norms)
-    return (codes, norms, stand_in.norms if table is None else table, codes.shape[-1], *codes.stride()[:3],
-            *norms.stride()[:2])
+    return ((codes, *codes.stride()[:3]), (norms, *norms.stride()[:2]), stand_in.norms if table is None else table,
+            codes.shape[-1])
 
 
 def decode_attention_groups_triton(
@@ -122,9 +126,8 @@ def decode_attention_groups_triton(
                                 cache_format.value_tables[g] if g < len(values) else None, values[0])
               for g in range(MAX_CHANNEL_GROUPS)]
     decode_split_kernel[(batch, n_kv_heads, num_splits)](
-        q_stages, seq_lens, part_out, part_lse, *k_args[0], *k_args[1], *v_args[0], *v_args[1],
-        tokens_per_split, q_stages.stride(0), q_stages.stride(1),
-        part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
+        q_stages, seq_lens, part_out, part_lse, *k_args, *v_args,
+        tokens_per_split, q_stages.stride()[:2], part_out.stride()[:3], part_lse.stride()[:2],
         scale * math.log2(math.e),
         GROUP=group, BLOCK_M=pow2_at_least(group), BLOCK_N=block_n, LOOKUP=lookup, **cache_format.meta,
         num_warps=num_warps, num_stages=num_stages,
