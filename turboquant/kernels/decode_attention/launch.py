@@ -15,19 +15,16 @@ from .kernel import combine_kernel, decode_split_kernel
 
 
 def default_block_n(cache_format: CacheFormat) -> int:
-    """Tokens per tile: 64, or 128 when a stream is split into two channel groups. Measured on one H200 at
-    B = 8, 32K (``results/kernels/session3/sweep_split.txt``, 4 warps): one group 546 / 422 / 470 µs at
-    32 / 64 / 128 tokens; the 3.5-bit split 938 / 878 / 722 µs, with prod keys 1417 / 1028 / 963 µs (the two
-    groups' per-tile work amortises over longer tiles)."""
+    """Tokens per tile: 64, or 128 when a stream is split into two channel groups, whose per-tile work amortises
+    over longer tiles (the split-kernel sweep in ``benchmarks/NOTES.md``; ``python -m benchmarks.decode_split
+    sweep``)."""
     return 128 if cache_format.meta["K_SPLIT"] or cache_format.meta["V_SPLIT"] else 64
 
 
 def default_num_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device,
                        block_n: int) -> int:
-    """Splits so that about eight programs per SM run (flash-decoding), at least one tile per split.
-
-    Eight rather than four: on the H200 twice the splits ran 5-10% faster at batch 8 (benchmarks/NOTES.md).
-    """
+    """Splits so that about eight programs per SM run (flash-decoding; eight rather than four: ``benchmarks/NOTES.md``),
+    at least one tile per split."""
     n_sm = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     wanted = triton.cdiv(8 * n_sm, batch * n_kv_heads)
     return max(1, min(wanted, triton.cdiv(max_tokens, block_n)))
