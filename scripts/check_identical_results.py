@@ -2,13 +2,15 @@
 
     python scripts/check_identical_results.py                  # base = merge base of HEAD and main
     python scripts/check_identical_results.py --base <commit> --experiments distortion ann_recall
+    python scripts/check_identical_results.py --experiments kernels      # the kernel benchmark's checks (CPU)
 
 Each commit is checked out with ``git worktree add --detach`` into a temporary directory, and every experiment
 runs there through that commit's own ``run.run_experiment`` on tiny random-sphere data (seed 0, the sizes in
 :data:`RUNS`), writing into a results directory of its own. The two ``results.csv`` of each experiment are then
 compared cell for cell as text, after dropping the columns that hold timings or thread counts
-(:data:`TIMING`). Prints, per experiment, ``identical`` or every column whose values differ with the first
-differing pair; exits 1 if any experiment differs. Needs no network: random-sphere data only.
+(:data:`TIMING`; for ``kernels`` also the floor, the ratios computed from times and the command line). Prints,
+per experiment, ``identical`` or every column whose values differ with the first differing pair; exits 1 if any
+experiment differs. Needs no network: random-sphere data only.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import csv
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,9 +46,15 @@ RUNS: dict[str, tuple[list[str], dict]] = {
                           {"experiment.datasets": {"random_sphere": SPHERE},
                            "experiment.sizes.quick": {"n_base": 500, "n_queries": 20,
                                                       "data": ["random_sphere:16", "random_sphere:24"]}}),
+    # not an embedding experiment and not in the default list: the kernel benchmark's checks (errors against
+    # the float64 references) under the CPU interpreter, decode_step left out (minutes there)
+    "kernels": (["experiment.smoke=true", "experiment.ops=[quantize,library,prod,scores,decode]"], {}),
 }
-# columns that measure the machine, not the method: wall times, throughputs, thread counts
-TIMING = re.compile(r"(^|_)(time|times|seconds|secs|ms|us|s|per_s|elapsed|wall|threads)(_|$)|_per_s$|timestamp")
+EMBEDDING_EXPERIMENTS = ["distortion", "ip_histogram", "ip_variance", "ann_recall", "ann_indexing_time"]
+# columns that measure the machine, not the method: times (``*_s``, ``*_us``, also ``build_s_min``), throughputs,
+# thread counts, load; for kernels the ratios computed from times and the command line
+TIMING = re.compile(r"_(s|ms|us)(_(min|max|median|mean))?$|_per_s$|threads$|^load_average$"
+                    r"|^(gbps|fraction_of_floor|speedup_vs_baseline|copy_bandwidth_gbps|command)$")
 
 # runs inside a checked-out tree (cwd = tree, sys.path[0] = tree): compose, replace keys, run, print the csv path
 _DRIVER = """
@@ -72,7 +81,8 @@ def git(*args: str) -> str:
 def run_at(tree: Path, experiment: str, results: Path) -> Path:
     """``results.csv`` of ``experiment`` run in the checked-out ``tree``; RuntimeError with its stderr if it fails."""
     overrides, replace = RUNS[experiment]
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
+           **({"TRITON_INTERPRET": "1"} if experiment == "kernels" else {})}
     done = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps([experiment, overrides, replace, str(results)])],
                           cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -112,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", default=None, help="commit to compare with (default: merge base of HEAD, main)")
     parser.add_argument("--head", default="HEAD")
-    parser.add_argument("--experiments", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--experiments", nargs="+", default=EMBEDDING_EXPERIMENTS, choices=list(RUNS))
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed check still removes its worktrees
     commits = {"base": git("rev-parse", args.base or git("merge-base", "HEAD", "main")),
                "head": git("rev-parse", args.head)}
     print(f"base {commits['base'][:12]}  head {commits['head'][:12]}  (timing columns ignored: {TIMING.pattern})")
