@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 
 import run
 from experiments.io import ResultStore, experiment_sizes
@@ -41,8 +42,17 @@ def test_every_experiment_config_composes(name: str, scale: str) -> None:
 def test_default_config_points_at_existing_groups() -> None:
     cfg = compose_config([])
     assert cfg.dataset.name == "dbpedia_minilm"
-    assert cfg.quantizer.seed == cfg.seed
+    assert cfg.quantizer.rotation == "haar"
     assert cfg.paths.results_dir == "results" and cfg.paths.figures_dir == "figures"
+
+
+def test_configs_take_only_the_keys_that_are_read() -> None:
+    """quantizer.bits is swept by each experiment (experiment.bits), so the quantizer group has no such key; an
+    experiment without a dataset does not accept dataset=."""
+    with pytest.raises(ConfigCompositionException, match="quantizer.bits"):
+        compose_config(["experiment=distortion", "quantizer.bits=4"])
+    with pytest.raises(ConfigCompositionException, match="dataset"):
+        compose_config(["experiment=needle", "dataset=glove50"])
 
 
 def test_experiment_sizes_rejects_a_scale_without_sizes() -> None:

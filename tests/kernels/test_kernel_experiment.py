@@ -21,6 +21,11 @@ def _config(tmp_path, overrides=()):
     return cfg
 
 
+def test_config_names_no_group_it_does_not_read(tmp_path):
+    cfg = _config(tmp_path)
+    assert "dataset" not in cfg and "quantizer" not in cfg and "model" not in cfg
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given on a machine without CUDA")
 def test_without_cuda_the_error_says_what_to_do(tmp_path, monkeypatch):
     cfg = _config(tmp_path)

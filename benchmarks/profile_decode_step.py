@@ -1,0 +1,95 @@
+"""Where a decode step's time goes, and the quantize kernel's resources (session-2 diagnostics, one H200).
+
+    python -m benchmarks.profile_decode_step
+
+For the full 16-bit cache, the TurboQuant cache read through its workspace and the same cache read by the fused
+kernel (4-bit K/V, B=8, 32K tokens, the 4-layer model of :func:`benchmarks.bench_decode_step.decode_step_model`):
+wall and CUDA-event ms per step, memory, and the torch.profiler tables sorted by CUDA and by CPU time. Then the
+registers, spills and shared memory of the quantize kernel variants it compiles. Output of session 2:
+``results/kernels/session2/profile_decode_step_torch_profiler.txt``.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .bench_decode_step import decode_step, decode_step_model, fill_cache
+from .utils import HEAD_DIM
+
+
+def _timed(model, token, cache, fused: bool, steps: int = 10) -> tuple[float, float]:
+    """(wall ms, CUDA-event ms) per step after three warm-up steps."""
+    for _ in range(3):
+        decode_step(model, token, cache, fused)
+    torch.cuda.synchronize()
+    start_wall = time.perf_counter()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        decode_step(model, token, cache, fused)
+    stop.record()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start_wall) / steps * 1e3, start.elapsed_time(stop) / steps
+
+
+def profile_caches(batch: int = 8, tokens: int = 32768) -> None:
+    import transformers
+    from omegaconf import OmegaConf
+    from torch.profiler import ProfilerActivity, profile
+
+    from turboquant.kvcache import build_cache
+
+    device = torch.device("cuda")
+    model = decode_step_model(OmegaConf.create({"layers": 4, "intermediate_size": 14336, "vocab_size": 32000}),
+                              device)
+    token = torch.randint(0, 32000, (batch, 1), device=device)
+    caches = {
+        "full": transformers.DynamicCache,
+        "workspace": lambda: build_cache("turboquant", model.config, key_bits=4, value_bits=4),
+        "fused": lambda: build_cache("turboquant", model.config, fused_decode=True, key_bits=4, value_bits=4),
+    }
+    for name, make in caches.items():
+        cache = make()
+        fill_cache(cache, model, batch, tokens, device)
+        wall, events = _timed(model, token, cache, name == "fused")
+        print(f"{name}: wall {wall:.2f} ms/step, events {events:.2f} ms/step, mem "
+              f"{torch.cuda.memory_allocated() / 1e9:.1f} GB reserved {torch.cuda.memory_reserved() / 1e9:.1f} GB",
+              flush=True)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                decode_step(model, token, cache, name == "fused")
+            torch.cuda.synchronize()
+        for key in ("cuda_time_total", "cpu_time_total"):
+            print(prof.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=60), flush=True)
+        del cache
+        torch.cuda.empty_cache()
+
+
+def quantize_kernel_resources() -> None:
+    """Registers, spills and shared memory of the quantize kernel variants compiled in this process."""
+    import turboquant as tq
+    from turboquant.kernels.quantize import _quantize_mse_kernel, quantize_mse_triton
+
+    device = torch.device("cuda")
+    codebook = tq.lloyd_max_codebook(HEAD_DIM, 4)
+    rotation = tq.make_rotation("haar", HEAD_DIM, seed=0, device=device).matrix()
+    x = torch.randn(1 << 20, HEAD_DIM, device=device, dtype=torch.float16)
+    for options in ({}, {"num_stages": 1}, {"block_n": 32, "num_stages": 2},
+                    {"block_n": 128, "num_warps": 8, "num_stages": 2}, {"block_n": 16, "num_stages": 2}):
+        quantize_mse_triton(x, rotation, codebook.boundaries, 4, **options)
+    torch.cuda.synchronize()
+    try:
+        for entry in _quantize_mse_kernel.device_caches.values():
+            for key, kernel in entry[0].items():
+                md = kernel.metadata
+                print("quantize kernel:", "block_n", [c for c in str(key).split(",") if "BLOCK_N" in c][:1],
+                      "warps", md.num_warps, "stages", md.num_stages, "regs", kernel.n_regs, "spills",
+                      kernel.n_spills, "shared", md.shared)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: report and go on
+        print("no resource report:", repr(exc))
+
+
+if __name__ == "__main__":
+    profile_caches()
+    quantize_kernel_resources()

@@ -1,0 +1,289 @@
+"""The two Triton kernels of split-KV decode attention over a packed cache (the math: the package docstring).
+
+Kernel 1 (:func:`decode_split_kernel`): one program per (batch row, KV head, KV split) covering the whole GQA
+group of query heads, so each cache byte is read once. It walks its token range in tiles, decodes codes to fp16
+table values in registers (QJL sign bits to +-1 without a table), computes each stage's logits and ``P V`` with
+``tl.dot`` (fp32 accumulation) and an online softmax, and writes the split's normalized output (rotated, groups
+concatenated) and log-sum-exp. The second channel group and the QJL stages are ``tl.constexpr`` flags: a
+one-group TurboQuant_mse cache compiles to the one-stage kernel.
+
+Kernel 2 (:func:`combine_kernel`): one program per (batch row, block of query heads) merges the splits by their
+log-sum-exp and applies the block-diagonal ``Pi_V^T`` (a small matmul), writing the output in the query's dtype,
+scattered through ``perm_V`` when values are split.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .._layout import load_group_words, stream_coordinates, words_to_stream_codes
+from ..scores import decode_codes
+
+
+@triton.jit
+def _code_values(words, shift, table_ptr, BITS: tl.constexpr, SIGNS: tl.constexpr, LOOKUP: tl.constexpr):
+    """fp16 values of the ``BITS``-bit codes at bit ``shift`` of ``words``: ``table[code]``, or -1 / +1 for QJL sign
+    bits (``SIGNS``, no table); ``LOOKUP=False`` gives the raw code (benchmark attribution only, wrong values)."""
+    codes = (words >> shift) & ((1 << BITS) - 1)
+    if SIGNS:
+        values = (codes * 2 - 1).to(tl.float16)
+    elif LOOKUP:
+        values = tl.load(table_ptr + codes)
+    else:
+        values = codes.to(tl.float16)
+    return values
+
+
+@triton.jit
+def _stage_scores(rows, tok_mask, row_bytes, q_cols, head_mask, table_ptr,
+                  BITS: tl.constexpr, BPG: tl.constexpr, CPG: tl.constexpr, GROUPS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, SIGNS: tl.constexpr, LOOKUP: tl.constexpr):
+    """(tokens, heads) fp32 ``<q_stage, table[code]>`` for the packed rows at ``rows``; ``q_cols`` points at the
+    stage's query in stream order (position ``k * GROUPS + g`` = code k of group g).
+
+    With at least 16 code groups: one ``tl.dot`` per code position k (K = GROUPS). A smaller stage (the outlier
+    group: 32 channels of 3-bit codes or of sign bits are 4 groups) packs ``16 // GROUPS`` code positions into the
+    16 columns a ``tl.dot`` needs (column c: position k0 + c // GROUPS of group c % GROUPS, the same stream order),
+    rather than padding every position to 16 groups."""
+    acc = tl.zeros((rows.shape[0], BLOCK_M), dtype=tl.float32)
+    if GROUPS >= 16:
+        g_offs = tl.arange(0, GROUPS)
+        words = load_group_words(rows, tok_mask, g_offs, row_bytes, BPG)
+        for k in tl.static_range(CPG):
+            q_t = tl.load(q_cols + (k * GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
+            acc = tl.dot(_code_values(words, BITS * k, table_ptr, BITS, SIGNS, LOOKUP), q_t, acc)
+    else:
+        cols = tl.arange(0, 16)
+        words = load_group_words(rows, tok_mask, cols % GROUPS, row_bytes, BPG)
+        for k0 in tl.static_range(0, CPG, 16 // GROUPS):
+            position = k0 + cols // GROUPS
+            live = position < CPG  # past the last code position when CPG * GROUPS < 16
+            q_t = tl.load(q_cols + (k0 * GROUPS + cols)[:, None], mask=head_mask[None, :] & live[:, None],
+                          other=0.0)
+            shift = (BITS * tl.where(live, position, 0))[None, :]
+            acc = tl.dot(_code_values(words, shift, table_ptr, BITS, SIGNS, LOOKUP), q_t, acc)
+    return acc
+
+
+@triton.jit
+def _head_start(field, b, kv_head):
+    """Pointer to (row ``b``, KV head ``kv_head``, token 0) of a strided field ``(ptr, stride_b, stride_h, ...)``."""
+    return field[0] + (b * field[1] + kv_head * field[2])
+
+
+@triton.jit
+def _key_group_starts(group, b, kv_head):
+    """(codes, norms, signs, residual norms) pointers of one key group at (row, KV head), token 0."""
+    return (_head_start(group[0], b, kv_head), _head_start(group[1], b, kv_head), _head_start(group[2], b, kv_head),
+            _head_start(group[3], b, kv_head))
+
+
+@triton.jit
+def _value_group_starts(group, b, kv_head):
+    """(codes, norms) pointers of one value group at (row, KV head), token 0."""
+    return _head_start(group[0], b, kv_head), _head_start(group[1], b, kv_head)
+
+
+@triton.jit
+def _key_group_logits(starts, group, toks, tok_mask, q_cols, head_mask, scale,
+                      GEOMETRY: tl.constexpr, BLOCK_M: tl.constexpr, LOOKUP: tl.constexpr):
+    """One key group's share of the tile's logits, (tokens, heads) fp32:
+    ``scale * n_t * (<Pi q_g, c[idx_t]> + rho_t <gamma S q_g, z_t>)`` (the QJL term only with ``QJL``).
+    ``starts``: :func:`_key_group_starts`; ``group``: the group's kernel argument (``launch._key_group_args``);
+    ``GEOMETRY``: its ``format.KeyGeometry``."""
+    BITS: tl.constexpr = GEOMETRY[0]
+    BPG: tl.constexpr = GEOMETRY[1]
+    CPG: tl.constexpr = GEOMETRY[2]
+    GROUPS: tl.constexpr = GEOMETRY[3]
+    QJL: tl.constexpr = GEOMETRY[4]
+    SIGN_GROUPS: tl.constexpr = GEOMETRY[5]
+    Q_OFF: tl.constexpr = GEOMETRY[6]
+    QJL_Q_OFF: tl.constexpr = GEOMETRY[7]
+    codes, norms, signs, residual_norms = starts
+    table, code_bytes, sign_bytes = group[4], group[5], group[6]
+    stride_cn, stride_sn = group[0][3], group[2][3]
+    rows = toks.to(tl.int64)
+    if BITS > 0:
+        unit = _stage_scores(codes + rows * stride_cn, tok_mask, code_bytes, q_cols + Q_OFF, head_mask, table,
+                             BITS, BPG, CPG, GROUPS, BLOCK_M, False, LOOKUP)
+    else:
+        unit = tl.zeros((toks.shape[0], BLOCK_M), dtype=tl.float32)
+    if QJL:
+        rho = tl.load(residual_norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
+        unit += rho[:, None] * _stage_scores(signs + rows * stride_sn, tok_mask, sign_bytes, q_cols + QJL_Q_OFF,
+                                             head_mask, table, 1, 1, 8, SIGN_GROUPS, BLOCK_M, True, LOOKUP)
+    norm = tl.load(norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
+    return unit * (norm * scale)[:, None]
+
+
+@triton.jit
+def _value_accumulators(BLOCK_M: tl.constexpr, GEOMETRY: tl.constexpr):
+    """Zero accumulators of one value group: 4-bit values keep even and odd coordinates apart ((heads, groups)
+    each); other widths one (heads, CPG * groups) tile in stream order and an unused (heads, 1) placeholder."""
+    CPG: tl.constexpr = GEOMETRY[2]
+    GROUPS: tl.constexpr = GEOMETRY[3]
+    if CPG == 2:
+        acc_a = tl.zeros((BLOCK_M, GROUPS), dtype=tl.float32)
+        acc_b = tl.zeros((BLOCK_M, GROUPS), dtype=tl.float32)
+    else:
+        acc_a = tl.zeros((BLOCK_M, CPG * GROUPS), dtype=tl.float32)
+        acc_b = tl.zeros((BLOCK_M, 1), dtype=tl.float32)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _accumulate_values(acc_a, acc_b, p, alpha, starts, group, toks, tok_mask, GEOMETRY: tl.constexpr,
+                       LOOKUP: tl.constexpr):
+    """``acc <- alpha * acc + sum_t p_t n_t c[idx_t]`` for one value group over the tile (its rotated domain);
+    ``starts``: :func:`_value_group_starts`, ``group``: ``launch._value_group_args``, ``GEOMETRY``: its
+    ``format.ValueGeometry``."""
+    BITS: tl.constexpr = GEOMETRY[0]
+    BPG: tl.constexpr = GEOMETRY[1]
+    CPG: tl.constexpr = GEOMETRY[2]
+    GROUPS: tl.constexpr = GEOMETRY[3]
+    codes, norms = starts
+    table, code_bytes, stride_cn = group[2], group[3], group[0][3]
+    norm = tl.load(norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
+    p_t = tl.trans((p * norm[:, None]).to(tl.float16))
+    words = load_group_words(codes + toks.to(tl.int64) * stride_cn, tok_mask, tl.arange(0, GROUPS), code_bytes, BPG)
+    if CPG == 2:
+        acc_a = tl.dot(p_t, decode_codes(words, table, 0, BITS, LOOKUP), acc_a * alpha[:, None])
+        acc_b = tl.dot(p_t, decode_codes(words, table, 1, BITS, LOOKUP), acc_b * alpha[:, None])
+    else:
+        stream = words_to_stream_codes(words, BITS, CPG)
+        if LOOKUP:
+            values = tl.load(table + stream)
+        else:
+            values = stream.to(tl.float16)
+        acc_a = tl.dot(p_t, values, acc_a * alpha[:, None])
+    return acc_a, acc_b
+
+
+@triton.jit
+def _store_values(part, acc_a, acc_b, inv_l, head_mask, GEOMETRY: tl.constexpr):
+    """Write one value group's normalized accumulator to its channels ``OFF .. OFF + DIM - 1`` of the split's row."""
+    CPG: tl.constexpr = GEOMETRY[2]
+    GROUPS: tl.constexpr = GEOMETRY[3]
+    DIM: tl.constexpr = GEOMETRY[4]
+    OFF: tl.constexpr = GEOMETRY[5]
+    g_offs = tl.arange(0, GROUPS)
+    if CPG == 2:
+        even = 2 * g_offs
+        tl.store(part + OFF + even[None, :], acc_a * inv_l[:, None], mask=head_mask[:, None] & (even < DIM)[None, :])
+        tl.store(part + OFF + even[None, :] + 1, acc_b * inv_l[:, None],
+                 mask=head_mask[:, None] & (even + 1 < DIM)[None, :])
+    else:
+        coords = stream_coordinates(g_offs, CPG)
+        tl.store(part + OFF + coords[None, :], acc_a * inv_l[:, None],
+                 mask=head_mask[:, None] & (coords < DIM)[None, :])
+
+
+@triton.jit
+def decode_split_kernel(
+    q_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr, k0, k1, v0, v1,
+    tokens_per_split, q_strides, part_strides, lse_strides, scale_log2,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOKUP: tl.constexpr,
+    K_SPLIT: tl.constexpr, V_SPLIT: tl.constexpr,
+    K0: tl.constexpr, K1: tl.constexpr, V0: tl.constexpr, V1: tl.constexpr,
+):
+    """One (batch row, KV head, split). Logits are kept transposed, (tokens, heads), so decoded keys are the
+    A operand of tl.dot; ``q_ptr`` holds every key stage's query in stream order (:attr:`CacheFormat.query_map`).
+    ``k{g}`` / ``v{g}`` are key / value channel group g as tuples of its strided fields and sizes
+    (``launch._key_group_args`` / ``_value_group_args``), ``K{g}`` / ``V{g}`` its compile-time geometry
+    (``format.KeyGeometry`` / ``ValueGeometry``); group 1 and the QJL stages are read only under their flags."""
+    b = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, seq_len)
+
+    head_offs = tl.arange(0, BLOCK_M)
+    head_mask = head_offs < GROUP
+    heads = kv_head * GROUP + head_offs
+    q_cols = q_ptr + b * q_strides[0] + heads[None, :] * q_strides[1]
+
+    k0_starts = _key_group_starts(k0, b, kv_head)
+    k1_starts = _key_group_starts(k1, b, kv_head)
+    v0_starts = _value_group_starts(v0, b, kv_head)
+    v1_starts = _value_group_starts(v1, b, kv_head)
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc0_a, acc0_b = _value_accumulators(BLOCK_M, V0)
+    if V_SPLIT:
+        acc1_a, acc1_b = _value_accumulators(BLOCK_M, V1)
+    for n0 in range(start, end, BLOCK_N):
+        toks = n0 + tl.arange(0, BLOCK_N)
+        tok_mask = toks < end
+        logits = _key_group_logits(k0_starts, k0, toks, tok_mask, q_cols, head_mask, scale_log2, K0, BLOCK_M, LOOKUP)
+        if K_SPLIT:
+            logits += _key_group_logits(k1_starts, k1, toks, tok_mask, q_cols, head_mask, scale_log2, K1, BLOCK_M,
+                                        LOOKUP)
+        logits = tl.where(tok_mask[:, None], logits, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(logits, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(logits - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc0_a, acc0_b = _accumulate_values(acc0_a, acc0_b, p, alpha, v0_starts, v0, toks, tok_mask, V0, LOOKUP)
+        if V_SPLIT:
+            acc1_a, acc1_b = _accumulate_values(acc1_a, acc1_b, p, alpha, v1_starts, v1, toks, tok_mask, V1, LOOKUP)
+        m_i = m_new
+
+    has_tokens = l_i > 0
+    inv_l = 1.0 / tl.where(has_tokens, l_i, 1.0)
+    lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
+    part = part_out_ptr + b * part_strides[0] + heads[:, None] * part_strides[1] + split * part_strides[2]
+    _store_values(part, acc0_a, acc0_b, inv_l, head_mask, V0)
+    if V_SPLIT:
+        _store_values(part, acc1_a, acc1_b, inv_l, head_mask, V1)
+    tl.store(part_lse_ptr + b * lse_strides[0] + heads * lse_strides[1] + split, lse, mask=head_mask)
+
+
+@triton.jit
+def combine_kernel(
+    part_out_ptr, part_lse_ptr, rot_ptr, perm_ptr, out_ptr, lse_ptr,
+    n_heads, n_splits, dim,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, stride_eb, stride_mb, stride_mh,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_J: tl.constexpr,
+    WRITE_LSE: tl.constexpr, PERMUTED: tl.constexpr,
+):
+    """Merge the splits of (batch row, block of heads) by their log-sum-exp, rotate back with the block-diagonal
+    Pi_V^T and, when ``PERMUTED``, scatter channel j to ``perm_V[b, kv_head, j]``; with WRITE_LSE also store the
+    natural log-sum-exp of the scaled logits over all splits (-inf for no tokens)."""
+    b = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    head_mask = heads < n_heads
+    d_offs = tl.arange(0, BLOCK_D)
+    d_mask = d_offs < dim
+    lse_rows = part_lse_ptr + b * stride_lb + heads * stride_lh
+    lse_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    for s in range(n_splits):
+        lse_max = tl.maximum(lse_max, tl.load(lse_rows + s, mask=head_mask, other=float("-inf")))
+    finite = lse_max > float("-inf")
+    shift = tl.where(finite, lse_max, 0.0)
+    total = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    o_rot = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for s in range(n_splits):
+        weight = tl.exp2(tl.load(lse_rows + s, mask=head_mask, other=float("-inf")) - shift)
+        part = tl.load(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + s * stride_ps + d_offs[None, :],
+                       mask=(head_mask[:, None] & d_mask[None, :]) & (weight > 0)[:, None], other=0.0)
+        o_rot += weight[:, None] * part
+        total += weight
+    o_rot = o_rot / tl.where(total > 0, total, 1.0)[:, None]
+    if WRITE_LSE:
+        lse2 = tl.where(total > 0, shift + tl.log2(tl.where(total > 0, total, 1.0)), float("-inf"))
+        tl.store(lse_ptr + b * stride_eb + heads, lse2 * 0.6931471805599453, mask=head_mask)
+    for j0 in range(0, dim, BLOCK_J):
+        j_offs = j0 + tl.arange(0, BLOCK_J)
+        rot = tl.load(rot_ptr + d_offs[:, None] * dim + j_offs[None, :],
+                      mask=d_mask[:, None] & (j_offs < dim)[None, :], other=0.0)
+        o = tl.dot(o_rot, rot)
+        out_mask = head_mask[:, None] & (j_offs < dim)[None, :]
+        if PERMUTED:
+            channels = tl.load(perm_ptr + b * stride_mb + (heads // GROUP)[:, None] * stride_mh + j_offs[None, :],
+                               mask=out_mask, other=0)
+        else:
+            channels = j_offs[None, :]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + channels,
+                 o.to(out_ptr.dtype.element_ty), mask=out_mask)

@@ -1,0 +1,178 @@
+"""Host entry points of the decode kernel: argument checks, tile and split defaults, the query's stage map,
+and the two launches (split, then combine)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import triton
+
+from .._layout import check_device, pow2_at_least
+from .format import MAX_CHANNEL_GROUPS, CacheFormat, GroupFields, check_inputs, one_group_cache
+from .kernel import combine_kernel, decode_split_kernel
+
+
+def default_block_n(cache_format: CacheFormat) -> int:
+    """Tokens per tile: 64, or 128 when a stream is split into two channel groups, whose per-tile work amortises
+    over longer tiles (the split-kernel sweep in ``benchmarks/NOTES.md``; ``python -m benchmarks.decode_split
+    sweep``)."""
+    return 128 if cache_format.meta["K_SPLIT"] or cache_format.meta["V_SPLIT"] else 64
+
+
+def default_num_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device,
+                       block_n: int) -> int:
+    """Splits so that about eight programs per SM run (flash-decoding; eight rather than four: ``benchmarks/NOTES.md``),
+    at least one tile per split."""
+    n_sm = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    wanted = triton.cdiv(8 * n_sm, batch * n_kv_heads)
+    return max(1, min(wanted, triton.cdiv(max_tokens, block_n)))
+
+
+def _row_contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
+
+
+def _key_group_args(field: GroupFields | None, table: torch.Tensor | None, stand_in: GroupFields) -> tuple:
+    """Kernel argument ``k{g}`` of one key group: ``(codes, norms, signs, residual_norms, table, code_bytes,
+    sign_bytes)``, each tensor field as ``(tensor, stride_b, stride_h[, stride_t])``; an absent group or stage
+    passes ``stand_in`` (never read)."""
+    field = field or stand_in
+    codes, norms = _row_contiguous(field.codes), _row_contiguous(field.norms)
+    signs = _row_contiguous(field.signs) if field.signs is not None else codes
+    rnorms = _row_contiguous(field.residual_norms) if field.residual_norms is not None else norms
+    if codes.shape[-1] == 0:  # QJL alone: no MSE codes (an empty tensor may have no storage to point at)
+        codes = signs
+    return ((codes, *codes.stride()[:3]), (norms, *norms.stride()[:2]), (signs, *signs.stride()[:3]),
+            (rnorms, *rnorms.stride()[:2]), stand_in.norms if table is None else table, codes.shape[-1],
+            signs.shape[-1])
+
+
+def _value_group_args(field: GroupFields | None, table: torch.Tensor | None, stand_in: GroupFields) -> tuple:
+    """Kernel argument ``v{g}`` of one value group: ``(codes, norms, table, code_bytes)``, tensor fields as in
+    :func:`_key_group_args` (``stand_in`` for an absent group, never read)."""
+    field = field or stand_in
+    codes, norms = _row_contiguous(field.codes), _row_contiguous(field.norms)
+    return ((codes, *codes.stride()[:3]), (norms, *norms.stride()[:2]), stand_in.norms if table is None else table,
+            codes.shape[-1])
+
+
+def decode_attention_groups_triton(
+    q: torch.Tensor,
+    keys: Sequence[GroupFields],
+    values: Sequence[GroupFields],
+    seq_lens: torch.Tensor,
+    cache_format: CacheFormat,
+    *,
+    key_permutation: torch.Tensor | None = None,
+    value_permutation: torch.Tensor | None = None,
+    scale: float | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    lookup: bool = True,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of one new query token per sequence over a packed cache of channel groups (module docstring).
+
+    Args:
+        q: (batch, query_heads, head_dim) queries in the model's channel order (any float dtype; the output
+            has it too).
+        keys, values: the packed fields of each channel group (outliers first), as ``cache_format`` describes
+            them; tensors (batch, kv_heads, tokens, ...) whose token axis may be strided (a slice of a larger
+            cache).
+        seq_lens: (batch,) number of valid cached tokens per row (<= tokens).
+        cache_format: the groups' rotations, codebooks and QJL matrices (:meth:`CacheFormat.build`, once).
+        key_permutation, value_permutation: (batch, kv_heads, head_dim) channel order of each stream
+            (``x_P = x[perm]``, groups are consecutive in it); None: the identity.
+        scale: softmax scale, default 1 / sqrt(head_dim).
+        num_splits: KV splits per (row, KV head); default fills the GPU (``default_num_splits``).
+        block_n, num_warps, num_stages: tokens per tile, warps per program, pipeline depth (tuning). block_n
+            defaults to :func:`default_block_n` (64 for one channel group, 128 for a split).
+        lookup: False skips the centroid lookups and returns wrong values (benchmark attribution only).
+        return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
+            (batch, query_heads), ``-inf`` for a row without tokens: what an exact merge with attention over
+            other tokens needs (``o = sum_i exp(lse_i - lse) o_i``, ``lse = log sum_i exp(lse_i)``).
+    """
+    check_inputs(q, keys, values, seq_lens, cache_format, key_permutation, value_permutation)
+    check_device(q.device)
+    batch, n_heads, dim = q.shape
+    n_kv_heads, max_tokens = keys[0].codes.shape[1], keys[0].codes.shape[2]
+    group = n_heads // n_kv_heads
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    block_n = block_n or default_block_n(cache_format)
+    num_splits = num_splits or default_num_splits(batch, n_kv_heads, max_tokens, q.device, block_n)
+    tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
+
+    q_keyed = q.to(torch.float32)
+    if key_permutation is not None:  # q_P: the GQA group of query heads shares its KV head's channel order
+        grouped = q_keyed.view(batch, n_kv_heads, group, dim)
+        index = key_permutation.to(device=q.device, dtype=torch.int64)[:, :, None].expand(-1, -1, group, -1)
+        q_keyed = grouped.gather(-1, index).view(batch, n_heads, dim)
+    q_stages = (q_keyed @ cache_format.query_map).to(torch.float16)
+    part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q.device)
+    stand_in = keys[0]
+    k_args = [_key_group_args(keys[g] if g < len(keys) else None,
+                              cache_format.key_tables[g] if g < len(keys) else None, stand_in)
+              for g in range(MAX_CHANNEL_GROUPS)]
+    v_args = [_value_group_args(values[g] if g < len(values) else None,
+                                cache_format.value_tables[g] if g < len(values) else None, values[0])
+              for g in range(MAX_CHANNEL_GROUPS)]
+    decode_split_kernel[(batch, n_kv_heads, num_splits)](
+        q_stages, seq_lens, part_out, part_lse, *k_args, *v_args,
+        tokens_per_split, q_stages.stride()[:2], part_out.stride()[:3], part_lse.stride()[:2],
+        scale * math.log2(math.e),
+        GROUP=group, BLOCK_M=pow2_at_least(group), BLOCK_N=block_n, LOOKUP=lookup, **cache_format.meta,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    out = torch.empty((batch, n_heads, dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, n_heads), dtype=torch.float32, device=q.device) if return_lse else part_lse
+    perm = part_lse if value_permutation is None else value_permutation.to(q.device)
+    combine_m = 16
+    combine_kernel[(batch, triton.cdiv(n_heads, combine_m))](
+        part_out, part_lse, cache_format.value_rotation, perm, out, lse,
+        n_heads, num_splits, dim,
+        part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), perm.stride(0), perm.stride(1),
+        GROUP=group, BLOCK_M=combine_m, BLOCK_D=pow2_at_least(dim), BLOCK_J=32, WRITE_LSE=return_lse,
+        PERMUTED=value_permutation is not None, num_warps=4,
+    )
+    return (out, lse) if return_lse else out
+
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_codes: torch.Tensor,
+    k_norms: torch.Tensor,
+    v_codes: torch.Tensor,
+    v_norms: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    k_centroids: torch.Tensor,
+    v_centroids: torch.Tensor,
+    k_bits: int,
+    v_bits: int,
+    rotation: torch.Tensor,
+    v_rotation: torch.Tensor | None = None,
+    **options: Any,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`decode_attention_groups_triton` for a TurboQuant_mse cache of one channel group per stream.
+
+    Args:
+        q: (batch, query_heads, head_dim) unrotated queries.
+        k_codes, v_codes: uint8 (batch, kv_heads, tokens, ceil(head_dim * bits / 8)), the library's packed layout.
+        k_norms, v_norms: (batch, kv_heads, tokens) float16/float32 norms of the cached vectors.
+        seq_lens: (batch,) number of valid cached tokens per row (<= tokens).
+        k_centroids, v_centroids: 2^bits centroids of the key / value codebooks; k_bits, v_bits their widths.
+        rotation: dense Pi_K (head_dim, head_dim), y = Pi x; v_rotation: Pi_V (default Pi_K).
+        options: ``scale``, ``num_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``lookup``, ``return_lse``
+            of :func:`decode_attention_groups_triton`.
+    """
+    keys, values, cache_format = one_group_cache(q, k_codes, k_norms, v_codes, v_norms, k_centroids, v_centroids,
+                                            k_bits, v_bits, rotation, v_rotation)
+    return decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, **options)
