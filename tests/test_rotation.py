@@ -69,7 +69,7 @@ def test_errors():
         tq.make_rotation("givens", 8)
     with pytest.raises(ValueError, match="dim must be an integer ≥ 2"):
         tq.HaarRotation(1)
-    with pytest.raises(ValueError, match="expected last dimension 8"):
+    with pytest.raises(ValueError, match="x must have last dimension 8"):
         tq.make_rotation("hadamard", 8).apply(torch.randn(3, 9))
     with pytest.raises(ValueError, match="power-of-two length"):
         tq.fast_walsh_hadamard(torch.randn(3, 6))
