@@ -186,17 +186,19 @@ class _Rows:
     damaged_units: frozenset[str]  # unit ids with at least one damaged row (never done)
 
 
-def _numeric_majority(column: pd.Series) -> pd.Series:
-    """True for the cells of a column that do not parse as numbers although most of its cells do."""
+def _text_among_numbers(column: pd.Series) -> pd.Series:
+    """True for the cells of a column that do not parse as numbers although at least half of its cells do."""
     cells = column.dropna()
     numbers = pd.to_numeric(cells, errors="coerce")
-    if numbers.notna().sum() * 2 <= len(cells):
+    if numbers.notna().sum() * 2 < len(cells):
         return pd.Series(False, index=column.index)
     return column.index.isin(cells.index[numbers.isna()])
 
 
 def _parse_rows(path: Path, text: str) -> _Rows:
     """Parse and check the text of a results file (see the module docstring, "Damaged files")."""
+    if "\0" in text:
+        raise ValueError(f"{path}: not a readable CSV file (it contains NUL bytes)")
     reader = csv.reader(io.StringIO(text))
     try:
         records = [(reader.line_num, record) for record in reader]
@@ -218,13 +220,14 @@ def _parse_rows(path: Path, text: str) -> _Rows:
     cells = pd.DataFrame([record for _, record in whole], columns=header, index=[line for line, _ in whole],
                          dtype=object).replace("", pd.NA)
     for column in (c for c in header if c not in _ID_COLUMNS):
-        for line in cells.index[_numeric_majority(cells[column])]:
+        for line in cells.index[_text_among_numbers(cells[column])]:
             damaged[line] = f"holds {cells.at[line, column]!r} in the numeric column {column!r}"
     repeated = cells[cells.duplicated(keep=False)]
     if not repeated.empty:
         raise ValueError(f"{path}: lines {sorted(repeated.index)} are duplicated rows (the store writes each "
                          "row once: a merge or a copy went wrong); remove the copies")
-    units_of = dict(zip(cells.index, cells["unit_id"]))
+    unit_column = header.index("unit_id")
+    units_of = {line: record[unit_column] for line, record in body if len(record) > unit_column}
     damaged_units = frozenset(units_of[line] for line in damaged if line in units_of)
     good = [record for line, record in whole if line not in damaged]
     buffer = io.StringIO()
@@ -370,7 +373,12 @@ class ResultStore:
             # all-NA columns (a field this unit does not have, e.g. a seed) take no part in the dtypes
             merged = (pd.concat([df.dropna(axis=1, how="all") for df in frames], ignore_index=True)
                       .reindex(columns=columns) if len(frames) > 1 else frames[0])
-            _atomic_write_text(self.csv_path, merged.to_csv(index=False))
+            text = merged.to_csv(index=False)
+            damaged = _parse_rows(self.csv_path, text).damaged
+            if damaged:  # what a later read would call damaged is never written
+                raise ValueError(f"unit {dict(unit)}: cannot store rows that would read back damaged: "
+                                 + "; ".join(f"line {line} {reason}" for line, reason in damaged.items()))
+            _atomic_write_text(self.csv_path, text)
 
     def frame(self, units: Sequence[Mapping[str, Any]] | None = None, all_configs: bool = False) -> pd.DataFrame:
         """Rows of this run's config, optionally only those of ``units`` (``all_configs=True``: every row).
