@@ -208,3 +208,23 @@ def test_non_finite_input_is_refused_by_every_encoder(cls, backend, rotation):
     with pytest.raises(ValueError, match="overflows or underflows float32"):
         q.quantize(huge)
     assert q.quantize(torch.zeros(0, 24)).codes.shape[0] == 0
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tq.TurboQuantMSE(48, 3, seed=2, backend="torch"), lambda: tq.TurboQuantMSE(48, 3, seed=2, backend="numba"),
+    lambda: tq.TurboQuantProd(48, 3, seed=2, backend="torch"), lambda: tq.TurboQuantProd(48, 3, seed=2, backend="numba"),
+    lambda: tq.QJL(48, seed=2),
+], ids=["mse-torch", "mse-numba", "prod-torch", "prod-numba", "qjl"])
+@pytest.mark.parametrize("scale", [1e-30, 1e30])
+def test_tiny_and_huge_vectors_keep_their_direction(make, scale):
+    """The norm is taken after rescaling by max |x_j|, so float32 vectors whose squares under- or overflow
+    get the codes of the same direction at unit scale and the norm scale·‖x‖ (the numba encoder squares in
+    float32: its rows with such norms are encoded again by the torch path)."""
+    q = make()
+    x = torch.randn(300, 48, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    scaled, plain = q.quantize((x * scale).float()), q.quantize(x.float())
+    for field in ("codes", "qjl_signs"):
+        if getattr(plain, field) is not None:
+            assert torch.equal(getattr(scaled, field), getattr(plain, field))
+    torch.testing.assert_close(scaled.norms.double() / scale, plain.norms.double(), rtol=1e-6, atol=0)
+    assert torch.isfinite(q.dequantize(scaled)).all()
