@@ -426,10 +426,10 @@ for method in CACHE_METHODS:
     ok(area, f"{method}: layer_idx np.int64(1), bfloat16 states",
        cache_call(method, [(GOOD.bfloat16(), GOOD.bfloat16(), np.int64(1))]),
        lambda out: out[0].dtype == torch.bfloat16 and out[0].shape == (1, 2, 5, 16))
+error("KV cache layers", "build_cache('turboquant', seed=2.7), then update",
+      lambda tmp: build_cache("turboquant", SHAPE, bits=3, seed=2.7).update(GOOD, GOOD, 0), rf"seed {INTEGER}")
 for options, pattern in [
-    (dict(bits=True), "bits must be a real number"), (dict(bits="3"), "bits must be a real number"),
-    (dict(bits=3, seed=2.7), rf"seed {INTEGER}"),
-    (dict(bits=3, seed=None), rf"seed {INTEGER}"), (dict(bits=3, rotation="dct"), "rotation must be one of"),
+    (dict(bits=3, rotation="dct"), "rotation must be one of"),
     (dict(key_bits=True, value_bits=2), "key_bits must be an integer"),
 ]:
     error("KV cache layers", f"build_cache('turboquant', {options})", lambda tmp, o=options: build_cache("turboquant", SHAPE, **o),

@@ -3,8 +3,9 @@
 All three quantize vectors of any norm: ‖x‖ is stored as a float32 and the unit vector x/‖x‖ is what
 the algorithms see (paper, Section 3: "store ‖x‖ in floating point and rescale"); a zero vector is
 stored with norm 0 and reconstructed exactly, and every other finite vector keeps its direction whatever
-its magnitude (the norm is taken after rescaling by max |x_j|, see ``turboquant._validation.unit_vectors``). Inputs may have any leading batch shape and be float16,
-bfloat16 or float32; arithmetic is float32. Work is chunked over vectors so memory stays bounded.
+its magnitude (the norm is taken after rescaling by max |x_j|: ``turboquant._validation.unit_vectors``).
+Inputs may have any leading batch shape and be float16, bfloat16, float32 or float64; arithmetic is float32
+(float64 inputs are normalised in float64). Work is chunked over vectors so memory stays bounded.
 
 Notation (paper): Π a random rotation, c the Lloyd-Max codebook of the rotated coordinates (Eq. 4),
 S a d×d matrix of i.i.d. N(0, 1) entries.

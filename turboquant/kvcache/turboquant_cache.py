@@ -69,7 +69,6 @@ from dataclasses import dataclass
 import torch
 
 import turboquant as tq
-from turboquant._validation import check_int, check_real
 from turboquant.kvcache.base import CompressedCache, tensor_nbytes
 from turboquant.kvcache.factory import ModelShape, register_method
 from turboquant.kvcache.full import FullPrecisionLayer
@@ -117,7 +116,6 @@ class TurboQuantCacheConfig:
                 raise ValueError(f"{name} must be an integer in 1..8, got {value!r}")
         if not isinstance(self.center_keys, bool):
             raise ValueError(f"center_keys must be a bool, got {self.center_keys!r}")
-        check_int(self.seed, "seed", low=0)
         if self.outlier_channels < 0 or self.residual_length < 0 or self.boundary_layers < 0:
             raise ValueError("outlier_channels, residual_length and boundary_layers must be >= 0")
 
@@ -162,7 +160,6 @@ def nominal_bits_per_value(config: TurboQuantCacheConfig, head_dim: int) -> floa
 
 def turboquant_preset(bits: float, head_dim: int) -> dict:
     """Options for ``bits`` = an integer (no split) or ``b + 0.5`` (``head_dim/4`` outlier channels at ``b+1`` bits)."""
-    bits = check_real(bits, "bits")
     if float(bits).is_integer():
         return {"key_bits": int(bits), "value_bits": int(bits)}
     if (2 * bits).is_integer() and bits > 1:
