@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 __all__ = [
-    "FLOAT_DTYPES", "all_finite", "check_choice", "check_finite", "check_int", "check_real", "check_vectors",
+    "FLOAT_DTYPES", "SAFE_NORMS", "all_finite", "check_choice", "check_finite", "check_int", "check_real", "check_vectors",
     "unit_vectors",
 ]
 
@@ -94,14 +94,22 @@ def check_finite(x: torch.Tensor, name: str) -> torch.Tensor:
     return x
 
 
+#: Norms in this open interval come out right from the plain sum of squares in float32 (for d ≤ 10⁶ no square
+#: under- or overflows); vectors outside it (zero, tiny, huge or non-finite) need the rescaled computation.
+SAFE_NORMS = (1e-15, 1e15)
+
+
 def unit_vectors(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x / ||x||, ||x||)`` over the last dimension, in x's dtype; a zero vector stays zero.
 
-    Each vector is first divided by its largest |x_j| (a power-free rescaling: the quotient has entries in
-    [-1, 1] and at least one ±1), so its squares can neither underflow nor overflow: every finite nonzero x
-    keeps its direction, whatever its magnitude (entries of 1e-30 or 1e30 in float32 included), and
-    ||x|| = max_j |x_j| · ||x / max_j |x_j|||.
+    When some ||x|| lies outside :data:`SAFE_NORMS`, every vector is first divided by its largest |x_j| (the
+    quotient has entries in [-1, 1] and one of ±1), so its squares can neither underflow nor overflow: every
+    finite nonzero x keeps its direction whatever its magnitude (entries of 1e-30 or 1e30 in float32
+    included), with ||x|| = max_j |x_j| · ||x / max_j |x_j|||. Otherwise the plain quotient is exact and cheaper.
     """
+    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    if bool(((norms > SAFE_NORMS[0]) & (norms < SAFE_NORMS[1])).all()):
+        return x / norms, norms.squeeze(-1)
     peak = torch.linalg.vector_norm(x, ord=math.inf, dim=-1, keepdim=True)
     scaled = x / torch.where(peak > 0, peak, torch.ones_like(peak))
     scaled_norms = torch.linalg.vector_norm(scaled, dim=-1, keepdim=True)

@@ -30,7 +30,7 @@ import torch
 
 from ._random import stream_generator
 from ._validation import all_finite  # noqa: F401  (re-exported: turboquant.ann imports it from here)
-from ._validation import check_choice, check_finite, check_int, check_vectors, unit_vectors
+from ._validation import SAFE_NORMS, check_choice, check_finite, check_int, check_vectors, unit_vectors
 from .codebook import MAX_BITS, SUPPORTED_DENSITIES, Codebook, lloyd_max_codebook
 from .packing import pack_codes, packed_size, unpack_codes
 from .rotation import ROTATION_KINDS, Rotation, make_rotation
@@ -42,12 +42,6 @@ _NORM_DTYPE = torch.float32
 BACKENDS = ("auto", "torch", "triton", "numba")
 _TRITON_MAX_BITS = 4       # the kernels' code widths (turboquant.kernels._layout)
 _TRITON_PROD_MAX_DIM = 256  # the fused TurboQuant_prod kernel works on one tile per row
-
-
-#: Norms in this open interval are exact enough from the float32 sum of squares that the Triton and numba
-#: encoders use (for d ≤ 10⁶ no square under- or overflows float32); rows outside it (zero, tiny, huge or
-#: non-finite) are encoded again by the torch path, which rescales before squaring.
-_SAFE_NORMS = (1e-15, 1e15)
 
 
 def _check_norms(norms: torch.Tensor) -> None:
@@ -281,10 +275,11 @@ class _VectorQuantizer:
         raise NotImplementedError
 
     def _redo_extreme_rows(self, rows: torch.Tensor, fields: Fields) -> None:
-        """Re-encode, with the torch reference, the rows whose norm lies outside ``_SAFE_NORMS`` (zero, tiny,
-        huge or non-finite), and check their norms; one device synchronisation when there are none."""
+        """Re-encode, with the torch reference, the rows whose norm lies outside ``SAFE_NORMS`` (zero, tiny, huge
+        or non-finite: the Triton and numba encoders square in float32), and check their norms; one device
+        synchronisation when there are none."""
         norms = fields["norms"]
-        extreme = ~((norms > _SAFE_NORMS[0]) & (norms < _SAFE_NORMS[1]))
+        extreme = ~((norms > SAFE_NORMS[0]) & (norms < SAFE_NORMS[1]))
         if not bool(extreme.any()):
             return
         index = extreme.nonzero().squeeze(1)
