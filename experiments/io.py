@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 __all__ = ["ResultStore", "result_config", "config_to_dict", "experiment_sizes"]
@@ -186,13 +187,12 @@ class _Rows:
     damaged_units: frozenset[str]  # unit ids with at least one damaged row (never done)
 
 
-def _text_among_numbers(column: pd.Series) -> pd.Series:
+def _text_among_numbers(column: pd.Series) -> np.ndarray:
     """True for the cells of a column that do not parse as numbers although at least half of its cells do."""
     cells = column.dropna()
     numbers = pd.to_numeric(cells, errors="coerce")
-    if numbers.notna().sum() * 2 < len(cells):
-        return pd.Series(False, index=column.index)
-    return column.index.isin(cells.index[numbers.isna()])
+    text = cells.index[numbers.isna()] if numbers.notna().sum() * 2 >= len(cells) else []
+    return column.index.isin(text)
 
 
 def _parse_rows(path: Path, text: str) -> _Rows:
@@ -264,6 +264,7 @@ class ResultStore:
         self.config_id = _short_hash(self.result_config)
         self.run_path = self.directory / "runs" / f"{self.config_id}.json"
         self._lock_path = self.directory / ".lock"
+        self._parsed: tuple[tuple[int, int, int], _Rows] | None = None  # results.csv's stat and contents
         self.context = {
             "experiment": experiment,
             "config_id": self.config_id,
@@ -326,7 +327,7 @@ class ResultStore:
         except FileNotFoundError:
             return _Rows(pd.DataFrame(columns=list(STORE_COLUMNS)), {}, frozenset())
         key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-        if getattr(self, "_parsed", (None,))[0] != key:
+        if self._parsed is None or self._parsed[0] != key:
             try:
                 text = self.csv_path.read_text()
             except (OSError, UnicodeDecodeError) as error:
