@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "FLOAT_DTYPES", "SAFE_NORMS", "all_finite", "check_choice", "check_finite", "check_int", "check_real", "check_vectors",
-    "unit_vectors",
+    "FLOAT_DTYPES", "SAFE_NORMS", "all_finite", "check_choice", "check_device", "check_finite", "check_int",
+    "check_real", "check_vectors", "unit_vectors",
 ]
 
 #: The dtypes a vector input may have.
@@ -63,6 +63,17 @@ def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
     return value
+
+
+def check_device(device: Any, name: str = "device") -> torch.device:
+    """``device`` (a torch.device, a string such as ``"cuda:0"``, or None for the CPU) as a torch.device."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', "
+                         f"got {_describe(device)}") from error
 
 
 def check_vectors(x: Any, name: str, dim: int | None = None) -> torch.Tensor:

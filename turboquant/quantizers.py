@@ -30,7 +30,8 @@ import torch
 
 from ._random import stream_generator
 from ._validation import all_finite  # noqa: F401  (re-exported: turboquant.ann imports it from here)
-from ._validation import SAFE_NORMS, check_choice, check_finite, check_int, check_vectors, unit_vectors
+from ._validation import (SAFE_NORMS, check_choice, check_device, check_finite, check_int, check_vectors,
+                          unit_vectors)
 from .codebook import MAX_BITS, SUPPORTED_DENSITIES, Codebook, lloyd_max_codebook
 from .packing import pack_codes, packed_size, unpack_codes
 from .rotation import ROTATION_KINDS, Rotation, make_rotation
@@ -229,7 +230,7 @@ class _VectorQuantizer:
     def _configure(self, dim: int, seed: int, device: torch.device | str | None, chunk_size: int) -> None:
         self.dim = check_int(dim, "dim", low=2)
         self.seed = check_int(seed, "seed", low=0)
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = check_device(device)
         self.chunk_size = check_int(chunk_size, "chunk_size", low=1)
 
     @property

@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from ._random import stream_generator
-from ._validation import check_choice, check_int, check_vectors
+from ._validation import check_choice, check_device, check_int, check_vectors
 
 __all__ = ["Rotation", "HaarRotation", "RandomizedHadamard", "make_rotation", "fast_walsh_hadamard",
            "ROTATION_KINDS"]
@@ -44,7 +44,7 @@ class Rotation(ABC):
     def __init__(self, dim: int, seed: int = 0, device: torch.device | str | None = None):
         self.dim = check_int(dim, "dim", low=2)
         self.seed = check_int(seed, "seed", low=0)
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = check_device(device)
 
     def _check_input(self, x: torch.Tensor) -> None:
         check_vectors(x, "x", self.dim)
