@@ -12,30 +12,44 @@ Identity of a result
     config values that change its numbers but are not unit keys, so extending a sweep keeps the
     finished units). A *unit* is the smallest piece of work an experiment can redo on its own (e.g.
     one ``(method, bits)`` pair); its ``unit_id`` hashes ``config_id`` together with the unit's keys.
-    A unit is done exactly when ``results.csv`` holds rows with its ``unit_id``; rows and "done" are
-    therefore written in one atomic file replacement, so a killed run never leaves a half-written unit
-    and never records a unit as done without its rows.
+    A unit is done exactly when ``results.csv`` holds rows with its ``unit_id``, all of them whole;
+    rows and "done" are therefore written in one atomic file replacement, so a killed run never leaves
+    a half-written unit and never records a unit as done without its rows.
+
+Damaged files
+    ``results.csv`` is checked on every read. A row with a missing field, a cut-short last line or a
+    text cell in a numeric column is *damaged*: its unit is not done (the next run recomputes it and
+    drops the damaged rows, with a warning naming the file and lines) and :meth:`ResultStore.frame`
+    leaves the unit out. Duplicated rows (which the store never writes) and unreadable files are refused
+    with a ``ValueError`` naming the file; so are malformed run records (``runs/<config_id>.json``).
 
 Consequences
     * Changing any result-relevant value (dataset, sizes, seed, rotation, ...) gives a new
       ``config_id``: old rows stay in the CSV but are never mixed into the new run's frame.
     * Two experiments never share a directory, so they cannot clobber each other.
     * Several jobs of a Hydra multirun append to the same CSV; writes are serialised by a file lock.
+    * Files are replaced atomically (a temporary file renamed over the target, created with the usual
+      ``0666 & ~umask`` mode, e.g. 0644); a temporary file left by a killed writer is removed by the next.
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import datetime as _dt
 import fcntl
 import hashlib
+import io
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 __all__ = ["ResultStore", "result_config", "config_to_dict", "experiment_sizes"]
@@ -48,6 +62,17 @@ _ID_COLUMNS: tuple[str, ...] = ("config_id", "unit_id")
 
 #: Columns the store adds to every row (the experiment's own columns follow them).
 STORE_COLUMNS: tuple[str, ...] = ("experiment", "config_id", "unit_id", "dataset", "scale", "seed")
+
+
+def _register_resolvers() -> None:
+    """``${pid:}`` for configs/config.yaml's ``hydra.run.dir``: runs started in the same second get their own
+    folders. Registered when run.py imports this module, before Hydra composes the config."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("pid", os.getpid, replace=True)
+
+
+_register_resolvers()
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
@@ -115,10 +140,23 @@ def _locked(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _file_mode() -> int:
+    """The mode ``open()`` would give a new file: 0666 minus the process umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` atomically. Called under the store's lock, so temporary files of
+    ``path`` that exist now were left by a killed writer and are removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    prefix = f".{path.name}."
+    for stale in path.parent.glob(f"{prefix}*.tmp"):
+        stale.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
     try:
+        os.fchmod(fd, _file_mode())
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()
@@ -128,6 +166,75 @@ def _atomic_write_text(path: Path, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not a readable JSON run record ({error}); restore or delete it") from error
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: a run record must be a JSON object, got {type(record).__name__}")
+    return record
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """What ``results.csv`` holds: its whole rows (``frame``) and, by line number, why other rows are damaged."""
+
+    frame: pd.DataFrame
+    damaged: dict[int, str]       # line number -> reason
+    damaged_units: frozenset[str]  # unit ids with at least one damaged row (never done)
+
+
+def _text_among_numbers(column: pd.Series) -> np.ndarray:
+    """True for the cells of a column that do not parse as numbers although at least half of its cells do."""
+    cells = column.dropna()
+    numbers = pd.to_numeric(cells, errors="coerce")
+    text = cells.index[numbers.isna()] if numbers.notna().sum() * 2 >= len(cells) else []
+    return column.index.isin(text)
+
+
+def _parse_rows(path: Path, text: str) -> _Rows:
+    """Parse and check the text of a results file (see the module docstring, "Damaged files")."""
+    if "\0" in text:
+        raise ValueError(f"{path}: not a readable CSV file (it contains NUL bytes)")
+    reader = csv.reader(io.StringIO(text))
+    try:
+        records = [(reader.line_num, record) for record in reader]
+    except csv.Error as error:
+        raise ValueError(f"{path}: not a readable CSV file ({error})") from error
+    if not records:
+        return _Rows(pd.DataFrame(columns=list(STORE_COLUMNS)), {}, frozenset())
+    header = records[0][1]
+    missing = [c for c in _ID_COLUMNS if c not in header]
+    if missing or len(set(header)) != len(header):
+        raise ValueError(f"{path}: the header must name each column once and include {list(_ID_COLUMNS)}, "
+                         f"got {header}")
+    body = records[1:]
+    damaged = {line: f"has {len(record)} fields, the header {len(header)}"
+               for line, record in body if len(record) != len(header)}
+    if body and not text.endswith(("\n", "\r")):
+        damaged[body[-1][0]] = "is cut short (the file does not end with a line break)"
+    whole = [(line, record) for line, record in body if line not in damaged]
+    cells = pd.DataFrame([record for _, record in whole], columns=header, index=[line for line, _ in whole],
+                         dtype=object).replace("", pd.NA)
+    for column in (c for c in header if c not in _ID_COLUMNS):
+        for line in cells.index[_text_among_numbers(cells[column])]:
+            damaged[line] = f"holds {cells.at[line, column]!r} in the numeric column {column!r}"
+    repeated = cells[cells.duplicated(keep=False)]
+    if not repeated.empty:
+        raise ValueError(f"{path}: lines {sorted(repeated.index)} are duplicated rows (the store writes each "
+                         "row once: a merge or a copy went wrong); remove the copies")
+    unit_column = header.index("unit_id")
+    units_of = {line: record[unit_column] for line, record in body if len(record) > unit_column}
+    damaged_units = frozenset(units_of[line] for line in damaged if line in units_of)
+    good = [record for line, record in whole if line not in damaged]
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows([header, *good])
+    buffer.seek(0)
+    frame = pd.read_csv(buffer, low_memory=False, dtype={c: str for c in _ID_COLUMNS})
+    return _Rows(frame, dict(sorted(damaged.items())), damaged_units)
 
 
 class ResultStore:
@@ -157,6 +264,7 @@ class ResultStore:
         self.config_id = _short_hash(self.result_config)
         self.run_path = self.directory / "runs" / f"{self.config_id}.json"
         self._lock_path = self.directory / ".lock"
+        self._parsed: tuple[tuple[int, int, int], _Rows] | None = None  # results.csv's stat and contents
         self.context = {
             "experiment": experiment,
             "config_id": self.config_id,
@@ -185,7 +293,7 @@ class ResultStore:
         with _locked(self._lock_path):
             record: dict[str, Any] = {}
             if self.run_path.exists():
-                record = json.loads(self.run_path.read_text())
+                record = _read_json(self.run_path)
             now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             record.setdefault("created", now)
             record.update(
@@ -209,21 +317,38 @@ class ResultStore:
     def provenance(self) -> dict[str, Any]:
         if not self.run_path.exists():
             return {}
-        return json.loads(self.run_path.read_text()).get("provenance", {})
+        return _read_json(self.run_path).get("provenance", {})
 
     # ------------------------------------------------------------------ rows
-    def _read_csv(self) -> pd.DataFrame:
-        if not self.csv_path.exists():
-            return pd.DataFrame(columns=list(STORE_COLUMNS))
-        return pd.read_csv(self.csv_path, low_memory=False, dtype={c: str for c in _ID_COLUMNS})
+    def _rows(self) -> _Rows:
+        """The checked contents of ``results.csv`` (parsed again only when the file changed)."""
+        try:
+            stat = self.csv_path.stat()
+        except FileNotFoundError:
+            return _Rows(pd.DataFrame(columns=list(STORE_COLUMNS)), {}, frozenset())
+        key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if self._parsed is None or self._parsed[0] != key:
+            try:
+                text = self.csv_path.read_text()
+            except (OSError, UnicodeDecodeError) as error:
+                raise ValueError(f"{self.csv_path}: not a readable results file ({error})") from error
+            self._parsed = (key, _parse_rows(self.csv_path, text))
+        return self._parsed[1]
+
+    def _whole_rows(self, rows: _Rows, action: str) -> pd.DataFrame:
+        """``rows.frame`` without the units that have damaged rows, warning about those rows."""
+        if not rows.damaged:
+            return rows.frame
+        lines = "; ".join(f"line {line} {reason}" for line, reason in rows.damaged.items())
+        warnings.warn(f"{self.csv_path}: damaged rows ({lines}); their units are {action}", RuntimeWarning,
+                      stacklevel=3)
+        return rows.frame[~rows.frame["unit_id"].isin(rows.damaged_units)]
 
     def is_done(self, unit: Mapping[str, Any]) -> bool:
-        """True when this unit's rows are already in ``results.csv`` for this config."""
+        """True when this unit's rows are in ``results.csv`` for this config, none of them damaged."""
         unit_id = self.unit_id(unit)
-        if not self.csv_path.exists():
-            return False
-        done = pd.read_csv(self.csv_path, usecols=["unit_id"], dtype=str)["unit_id"]
-        return bool((done == unit_id).any())
+        rows = self._rows()
+        return unit_id not in rows.damaged_units and bool((rows.frame["unit_id"] == unit_id).any())
 
     def save_unit(self, unit: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
         """Append a unit's rows (each merged with the unit keys and the run context) atomically."""
@@ -237,15 +362,24 @@ class ResultStore:
                 raise ValueError(f"row values for {sorted(overlap)} contradict the unit {dict(unit)}")
             records.append({**self.context, "unit_id": unit_id, **dict(unit), **dict(row)})
         new = pd.DataFrame.from_records(records)
+        repeated = new.astype(str).duplicated(keep=False)
+        if repeated.any():
+            raise ValueError(f"unit {dict(unit)}: rows {list(new.index[repeated])} are identical; the rows of a "
+                             "unit must differ in some column")
         with _locked(self._lock_path):
-            old = self._read_csv()
+            old = self._whole_rows(self._rows(), "dropped, to be recomputed")
             old = old[old["unit_id"] != unit_id]  # a unit is written whole, exactly once
             frames = [df for df in (old, new) if not df.empty]
             columns = list(dict.fromkeys(c for df in frames for c in df.columns))
             # all-NA columns (a field this unit does not have, e.g. a seed) take no part in the dtypes
             merged = (pd.concat([df.dropna(axis=1, how="all") for df in frames], ignore_index=True)
                       .reindex(columns=columns) if len(frames) > 1 else frames[0])
-            _atomic_write_text(self.csv_path, merged.to_csv(index=False))
+            text = merged.to_csv(index=False)
+            damaged = _parse_rows(self.csv_path, text).damaged
+            if damaged:  # what a later read would call damaged is never written
+                raise ValueError(f"unit {dict(unit)}: cannot store rows that would read back damaged: "
+                                 + "; ".join(f"line {line} {reason}" for line, reason in damaged.items()))
+            _atomic_write_text(self.csv_path, text)
 
     def frame(self, units: Sequence[Mapping[str, Any]] | None = None, all_configs: bool = False) -> pd.DataFrame:
         """Rows of this run's config, optionally only those of ``units`` (``all_configs=True``: every row).
@@ -253,7 +387,7 @@ class ResultStore:
         ``frame.attrs["provenance"]`` carries :meth:`provenance` (what data/model was actually used), so
         a ``plot(df, cfg, figures_dir)`` can title its figure with it.
         """
-        df = self._read_csv()
+        df = self._whole_rows(self._rows(), "left out until a run recomputes them")
         if all_configs:
             if units is not None:
                 raise ValueError("units select rows of this config; they cannot be combined with all_configs")

@@ -76,18 +76,18 @@ def test_large_dimension_approaches_gaussian():
 
 def test_cached_in_memory_and_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("TURBOQUANT_CACHE_DIR", str(tmp_path))
-    tq.lloyd_max_codebook.cache_clear()
+    codebook_module._cached_codebook.cache_clear()
     first = tq.lloyd_max_codebook(100, 3)
     assert tq.lloyd_max_codebook(100, 3) is first
     files = list((tmp_path / "codebooks").glob("exact_d100_b3_*.npz"))
     assert len(files) == 1
-    tq.lloyd_max_codebook.cache_clear()
+    codebook_module._cached_codebook.cache_clear()
     calls = []
     monkeypatch.setattr(codebook_module, "_solve_lloyd_max", lambda *a: calls.append(a))
     again = tq.lloyd_max_codebook(100, 3)
     assert not calls, "a disk-cached codebook was solved again"
     np.testing.assert_array_equal(again.centroids, first.centroids)
-    tq.lloyd_max_codebook.cache_clear()
+    codebook_module._cached_codebook.cache_clear()
 
 
 @pytest.mark.parametrize("kwargs, message", [

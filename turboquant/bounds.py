@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from ._validation import check_int, check_real
 from .codebook import lloyd_max_codebook
 
 __all__ = ["mse_upper_bound", "mse_lower_bound", "prod_upper_bound", "prod_lower_bound", "prod_distortion"]
@@ -22,39 +23,33 @@ MSE_UPPER_CONSTANT = math.sqrt(3.0) * math.pi / 2.0
 PROD_UPPER_CONSTANT = math.sqrt(3.0) * math.pi ** 2
 
 
-def _check(bits: int) -> None:
-    if isinstance(bits, bool) or not isinstance(bits, int) or bits < 0:
-        raise ValueError(f"bits must be a non-negative integer, got {bits!r}")
+def _check(bits: int) -> int:
+    return check_int(bits, "bits", low=0)
 
 
-def _check_dim(dim: int) -> None:
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2:
-        raise ValueError(f"dim must be an integer ≥ 2, got {dim!r}")
+def _check_prod(bits: int, dim: int, y_norm: float) -> tuple[int, int, float]:
+    return _check(bits), check_int(dim, "dim", low=2), check_real(y_norm, "y_norm", low=0.0)
 
 
 def mse_upper_bound(bits: int) -> float:
     """Theorem 1: √3·π/2 · 4^(−b)."""
-    _check(bits)
-    return MSE_UPPER_CONSTANT * 4.0 ** (-bits)
+    return MSE_UPPER_CONSTANT * 4.0 ** (-_check(bits))
 
 
 def mse_lower_bound(bits: int) -> float:
     """Theorem 3: 4^(−b), for any (randomised) b-bit quantizer of the unit sphere."""
-    _check(bits)
-    return 4.0 ** (-bits)
+    return 4.0 ** (-_check(bits))
 
 
 def prod_upper_bound(bits: int, dim: int, y_norm: float = 1.0) -> float:
     """Theorem 2: √3·π² · ‖y‖²/d · 4^(−b)."""
-    _check(bits)
-    _check_dim(dim)
+    bits, dim, y_norm = _check_prod(bits, dim, y_norm)
     return PROD_UPPER_CONSTANT * y_norm ** 2 / dim * 4.0 ** (-bits)
 
 
 def prod_lower_bound(bits: int, dim: int, y_norm: float = 1.0) -> float:
     """Theorem 3: ‖y‖²/d · 4^(−b)."""
-    _check(bits)
-    _check_dim(dim)
+    bits, dim, y_norm = _check_prod(bits, dim, y_norm)
     return y_norm ** 2 / dim * 4.0 ** (-bits)
 
 
@@ -69,8 +64,7 @@ def prod_distortion(bits: int, dim: int, y_norm: float = 1.0, density: str = "ex
 
     For large d this is the paper's d·D_prod ≈ π/2 · D_mse(b−1): 1.571, 0.571, 0.185, 0.054 at b = 1..4.
     """
-    _check(bits)
-    _check_dim(dim)
+    bits, dim, y_norm = _check_prod(bits, dim, y_norm)
     if bits < 1:
         raise ValueError("TurboQuant_prod needs bits ≥ 1")
     residual = 1.0 if bits == 1 else lloyd_max_codebook(dim, bits - 1, density).mse

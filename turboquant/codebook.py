@@ -29,12 +29,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from scipy import linalg, special, stats
+
+from ._validation import check_choice, check_int
 
 __all__ = ["Codebook", "lloyd_max_codebook", "SUPPORTED_DENSITIES", "MAX_BITS"]
 
@@ -44,6 +48,7 @@ _CACHE_VERSION = 1
 _MAX_ITERATIONS = 2_000
 _TOLERANCE = 1e-9  # on |c - E[X | cell]|∞ in units of 1/√d; far below float32 resolution, above the betainc noise floor
 _LLOYD_WARMUP = 20  # plain Lloyd steps before Newton takes over
+_STORED_TOLERANCE = 1e-6  # a cache file's |c - E[X | cell]|∞ (units of 1/√d) must be below this to be used
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,18 +179,18 @@ def _solve_lloyd_max(dim: int, bits: int, density: str) -> tuple[np.ndarray, np.
                 candidate = newton
         centroids = 0.5 * (candidate - candidate[::-1])  # the density is symmetric: keep the codebook so
     boundaries = 0.5 * (centroids[1:] + centroids[:-1])
+    return centroids, boundaries, _distortion(moments, centroids, boundaries)
+
+
+def _distortion(moments: _IntervalMoments, centroids: np.ndarray, boundaries: np.ndarray) -> float:
+    """d · E[(X - c(X))²] = d · Σ_i (E[X²; cell i] - 2 c_i E[X; cell i] + c_i² P(cell i))."""
     p, m1, m2 = moments.cells(boundaries)
-    per_coordinate = float(np.sum(m2 - 2.0 * centroids * m1 + centroids ** 2 * p))
-    return centroids, boundaries, dim * per_coordinate
+    return moments.dim * float(np.sum(m2 - 2.0 * centroids * m1 + centroids ** 2 * p))
 
 
-def _validate(dim: int, bits: int, density: str) -> None:
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 2:
-        raise ValueError(f"dim must be an integer ≥ 2, got {dim!r}")
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= MAX_BITS:
-        raise ValueError(f"bits must be an integer in [1, {MAX_BITS}], got {bits!r}")
-    if density not in SUPPORTED_DENSITIES:
-        raise ValueError(f"density must be one of {SUPPORTED_DENSITIES}, got {density!r}")
+def _validate(dim: int, bits: int, density: str) -> tuple[int, int, str]:
+    return (check_int(dim, "dim", low=2), check_int(bits, "bits", 1, MAX_BITS),
+            check_choice(density, "density", SUPPORTED_DENSITIES))
 
 
 def cache_dir() -> Path:
@@ -203,33 +208,78 @@ def _disk_path(dim: int, bits: int, density: str) -> Path:
     return cache_dir() / "codebooks" / f"{density}_d{dim}_b{bits}_{key}.npz"
 
 
-@functools.lru_cache(maxsize=None)
+def _read_stored(path: Path, dim: int, bits: int, density: str) -> Codebook:
+    """The codebook in cache file ``path``, checked to be the Lloyd-Max fixed point for (dim, bits, density).
+
+    ValueError (naming what is wrong) if the file is unreadable, lacks an array, has the wrong shapes or
+    dtypes, or holds centroids that are not the conditional means of their cells (to _STORED_TOLERANCE / √d)
+    or an ``mse`` that is not theirs: a truncated, empty, bit-flipped or foreign file is never used.
+    """
+    levels = 2 ** bits
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            arrays = {name: np.asarray(stored[name]) for name in ("centroids", "boundaries", "mse")}
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as error:
+        raise ValueError(f"not a readable codebook file ({type(error).__name__}: {error})") from error
+    centroids, boundaries, mse = arrays["centroids"], arrays["boundaries"], arrays["mse"]
+    for name, array, shape in (("centroids", centroids, (levels,)), ("boundaries", boundaries, (levels - 1,)),
+                               ("mse", mse, ())):
+        if array.dtype != np.float64 or array.shape != shape or not np.all(np.isfinite(array)):
+            raise ValueError(f"{name} must be finite float64 of shape {shape}, got {array.dtype} {array.shape}")
+    moments = _IntervalMoments(dim, density)
+    if not np.array_equal(boundaries, 0.5 * (centroids[1:] + centroids[:-1])):
+        raise ValueError("boundaries are not the midpoints of the centroids")
+    if not np.all(np.diff(centroids) > 0):
+        raise ValueError("centroids are not sorted and distinct")
+    p, m1, _ = moments.cells(boundaries)
+    residual = float(np.max(np.abs(m1 / p - centroids))) / moments.sigma
+    if not residual < _STORED_TOLERANCE:
+        raise ValueError(f"centroids are not the Lloyd-Max fixed point for dim={dim}, bits={bits}, "
+                         f"density={density!r} (|c - E[X | cell]| = {residual:.3g}/√d)")
+    expected = _distortion(moments, centroids, boundaries)
+    if not abs(float(mse) - expected) <= 1e-9 * expected:
+        raise ValueError(f"mse {float(mse)!r} is not the centroids' distortion {expected!r}")
+    return Codebook(dim, bits, density, centroids, boundaries, float(mse))
+
+
+def _write_stored(path: Path, codebook: Codebook) -> None:
+    """Write ``codebook`` to ``path`` atomically (a temporary file renamed over it, removed on any failure);
+    a read-only cache directory only costs recomputation in later processes."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(tmp, centroids=codebook.centroids, boundaries=codebook.boundaries, mse=codebook.mse)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def lloyd_max_codebook(dim: int, bits: int, density: str = "exact") -> Codebook:
     """The optimal 2^b-level scalar quantizer for a rotated coordinate (paper Eq. 4, Lemma 1).
 
     Cached in memory and on disk (see :func:`cache_dir`), so only the first call for a (d, b, density)
-    solves the fixed point.
+    solves the fixed point. A cache file is checked when read (see :func:`_read_stored`); a bad one is
+    recomputed and replaced, with a warning naming it.
 
     Args:
         dim: vector dimension d ≥ 2.
         bits: b in [1, 8].
         density: ``"exact"`` for f_d(x) ∝ (1 - x²)^((d-3)/2) on [-1, 1], ``"gaussian"`` for N(0, 1/d).
     """
-    _validate(dim, bits, density)
-    dim, bits = int(dim), int(bits)
+    return _cached_codebook(*_validate(dim, bits, density))
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_codebook(dim: int, bits: int, density: str) -> Codebook:
     path = _disk_path(dim, bits, density)
     if path.exists():
         try:
-            stored = np.load(path)
-            return Codebook(dim, bits, density, stored["centroids"], stored["boundaries"], float(stored["mse"]))
-        except (OSError, KeyError, ValueError):
-            pass  # a corrupt cache file is recomputed and rewritten below
-    centroids, boundaries, mse = _solve_lloyd_max(dim, bits, density)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, centroids=centroids, boundaries=boundaries, mse=mse)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache dir only costs recomputation
-    return Codebook(dim, bits, density, centroids, boundaries, mse)
+            return _read_stored(path, dim, bits, density)
+        except ValueError as problem:
+            warnings.warn(f"codebook cache file {path} is invalid ({problem}); recomputing and replacing it",
+                          RuntimeWarning, stacklevel=3)
+    codebook = Codebook(dim, bits, density, *_solve_lloyd_max(dim, bits, density))
+    _write_stored(path, codebook)
+    return codebook

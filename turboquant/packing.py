@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import torch
 
+from ._validation import check_int
+
 __all__ = ["pack_codes", "unpack_codes", "packed_size"]
 
 _MAX_BITS = 8
 
 
 def _check_bits(bits: int) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= _MAX_BITS:
-        raise ValueError(f"bits must be an integer in [1, {_MAX_BITS}], got {bits!r}")
-    return bits
+    return check_int(bits, "bits", 1, _MAX_BITS)
 
 
 def packed_size(n: int, bits: int) -> int:
     """Bytes taken by n codes of ``bits`` bits: ⌈n·b/8⌉."""
-    return (n * _check_bits(bits) + 7) // 8
+    return (check_int(n, "n", low=0) * _check_bits(bits) + 7) // 8
 
 
 def _pad_to_groups(x: torch.Tensor, length: int) -> torch.Tensor:
@@ -41,6 +41,8 @@ def _pad_to_groups(x: torch.Tensor, length: int) -> torch.Tensor:
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack integer codes (…, n) with values in [0, 2^b) into uint8 (…, ⌈n·b/8⌉)."""
     bits = _check_bits(bits)
+    if not isinstance(codes, torch.Tensor):
+        raise ValueError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
     if codes.dtype.is_floating_point or codes.dtype == torch.bool or codes.dtype.is_complex:
         raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
     if codes.ndim == 0:
@@ -69,6 +71,9 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     """Inverse of :func:`pack_codes`: uint8 (…, ⌈n·b/8⌉) → uint8 codes (…, n)."""
     bits = _check_bits(bits)
+    n = check_int(n, "n", low=0)
+    if not isinstance(packed, torch.Tensor):
+        raise ValueError(f"packed codes must be a torch.Tensor, got {type(packed).__name__}")
     if packed.dtype != torch.uint8:
         raise ValueError(f"packed codes must be uint8, got {packed.dtype}")
     if packed.ndim == 0 or packed.shape[-1] != packed_size(n, bits):

@@ -2,8 +2,10 @@
 
 All three quantize vectors of any norm: ‖x‖ is stored as a float32 and the unit vector x/‖x‖ is what
 the algorithms see (paper, Section 3: "store ‖x‖ in floating point and rescale"); a zero vector is
-stored with norm 0 and reconstructed exactly. Inputs may have any leading batch shape and be float16,
-bfloat16 or float32; arithmetic is float32. Work is chunked over vectors so memory stays bounded.
+stored with norm 0 and reconstructed exactly, and every other finite vector keeps its direction whatever
+its magnitude (the norm is taken after rescaling by max |x_j|: ``turboquant._validation.unit_vectors``).
+Inputs may have any leading batch shape and be float16, bfloat16, float32 or float64; arithmetic is float32
+(float64 inputs are normalised in float64). Work is chunked over vectors so memory stays bounded.
 
 Notation (paper): Π a random rotation, c the Lloyd-Max codebook of the rotated coordinates (Eq. 4),
 S a d×d matrix of i.i.d. N(0, 1) entries.
@@ -20,20 +22,22 @@ centroid values chunk by chunk, so the cost is one (m×d)·(d×n) product instea
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import math
 from dataclasses import dataclass, replace
 
 import torch
 
-from .codebook import MAX_BITS, Codebook, lloyd_max_codebook
+from ._random import stream_generator
+from ._validation import all_finite  # noqa: F401  (re-exported: turboquant.ann imports it from here)
+from ._validation import (SAFE_NORMS, check_choice, check_device, check_finite, check_int, check_vectors,
+                          unit_vectors)
+from .codebook import MAX_BITS, SUPPORTED_DENSITIES, Codebook, lloyd_max_codebook
 from .packing import pack_codes, packed_size, unpack_codes
 from .rotation import ROTATION_KINDS, Rotation, make_rotation
 
 __all__ = ["QuantizedVectors", "TurboQuantMSE", "TurboQuantProd", "QJL"]
 
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _DEFAULT_CHUNK = 16384
 _NORM_DTYPE = torch.float32
 BACKENDS = ("auto", "torch", "triton", "numba")
@@ -41,30 +45,17 @@ _TRITON_MAX_BITS = 4       # the kernels' code widths (turboquant.kernels._layou
 _TRITON_PROD_MAX_DIM = 256  # the fused TurboQuant_prod kernel works on one tile per row
 
 
-def all_finite(x: torch.Tensor) -> bool:
-    """Whether x holds no NaN or ±Inf. Min and max are NaN if any entry is (±inf if one is), so one
-    multi-threaded aminmax pass and no (…, d) bool temporary (100k x 1536 on 2 CPU cores: isfinite().all()
-    0.33 s, NumPy min + max 0.09 s, aminmax 0.04 s)."""
-    return not x.numel() or all(bool(torch.isfinite(extreme)) for extreme in torch.aminmax(x))
-
-
-def _check_finite(x: torch.Tensor, name: str) -> None:
-    if not all_finite(x):
-        raise ValueError(f"{name} contains NaN or Inf")
-
-
-def _check_finite_norms(norms: torch.Tensor, name: str) -> None:
-    """ValueError unless every ||x_i|| is finite: it is NaN / Inf exactly when x_i has a NaN / Inf entry or
-    its float32 sum of squares overflows (|x| beyond ~1e19), where the codes would be meaningless too."""
-    if norms.numel() and not bool(torch.isfinite(norms).all()):
-        raise ValueError(f"{name} contains NaN or Inf (or a vector whose norm overflows float32)")
-
-
-def unit_vectors(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x / ||x||, ||x||)`` over the last dimension (Algorithm 1 quantizes the unit vector and stores the
-    norm apart); a zero vector stays zero."""
-    norms = torch.linalg.vector_norm(x, dim=-1)
-    return x / torch.where(norms > 0, norms, torch.ones_like(norms)).unsqueeze(-1), norms
+def _check_norms(norms: torch.Tensor) -> None:
+    """ValueError unless every ‖x_i‖ (computed by :func:`unit_vectors`, in float32 or float64) is finite and
+    representable as the float32 that is stored (a nonzero norm must not underflow to 0 or overflow)."""
+    if not bool(torch.isfinite(norms).all()):
+        raise ValueError("x contains NaN or Inf")
+    stored = norms.to(_NORM_DTYPE)
+    outside = ~torch.isfinite(stored) | ((stored == 0) & (norms != 0))
+    if bool(outside.any()):
+        value = float(norms[outside][0])
+        raise ValueError(f"x has a vector whose norm ({value:.3g}) overflows or underflows float32, the dtype "
+                         "norms are stored in; rescale x")
 
 
 def _use_triton(backend: str, device: torch.device, supported: bool) -> bool:
@@ -74,8 +65,7 @@ def _use_triton(backend: str, device: torch.device, supported: bool) -> bool:
     the configuration has no kernel); "auto" does on CUDA devices when Triton is installed. The kernels
     return the same codes as the torch path except for coordinates within fp16 rounding of a midpoint.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_choice(backend, "backend", BACKENDS)
     if backend in ("torch", "numba"):
         return False
     from .kernels import triton_available
@@ -214,25 +204,20 @@ class QuantizedVectors:
                        residual_norms=join("residual_norms"))
 
 
-def _derive_seed(seed: int, stage: str) -> int:
-    """An independent seed for a sub-stage (e.g. QJL's S inside TurboQuant_prod)."""
-    return int.from_bytes(hashlib.sha256(f"{seed}/{stage}".encode()).digest()[:7], "little")
+def _check_threads(threads: int | None) -> int | None:
+    return None if threads is None else check_int(threads, "threads", low=1)
 
 
-def _check_dim(dim: int) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2:
-        raise ValueError(f"dim must be an integer ≥ 2, got {dim!r}")
-    return dim
-
-
-def _check_bits(bits: int, low: int, high: int, name: str) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, int) or not low <= bits <= high:
-        raise ValueError(f"{name} supports bits in [{low}, {high}], got {bits!r}")
-    return bits
+Fields = dict[str, torch.Tensor]  # QuantizedVectors' tensors by field name, one row per vector
 
 
 class _VectorQuantizer:
-    """Input validation, norm handling and chunking shared by the three quantizers."""
+    """Argument checks, norm handling, chunking and the ``quantize`` driver shared by the three quantizers.
+
+    A subclass encodes rows (n, d) into :data:`Fields` twice over: ``_encode`` (the configured backend) and
+    ``_encode_torch`` (the exact reference, whose norms are right for every finite input); rows whose norm
+    the fast backends cannot trust are re-encoded by the reference (``_redo_extreme_rows``).
+    """
 
     dim: int
     bits: int
@@ -242,9 +227,18 @@ class _VectorQuantizer:
     backend: str = "torch"
     _numba: bool = False  # set by quantizers with a numba CPU encoder (see _use_numba)
 
+    def _configure(self, dim: int, seed: int, device: torch.device | str | None, chunk_size: int) -> None:
+        self.dim = check_int(dim, "dim", low=2)
+        self.seed = check_int(seed, "seed", low=0)
+        self.device = check_device(device)
+        self.chunk_size = check_int(chunk_size, "chunk_size", low=1)
+
     @property
     def signature(self) -> str:
         raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.signature
 
     def _numba_for(self, x: torch.Tensor) -> bool:
         """Whether this call runs the numba CPU encoder: always with ``backend="numba"``; with ``"auto"`` for
@@ -254,15 +248,8 @@ class _VectorQuantizer:
 
     def _validated(self, x: torch.Tensor, name: str = "x", finite: bool = True) -> torch.Tensor:
         """``x`` checked for type, dtype and last dimension, and (``finite``) for NaN / Inf entries."""
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in _SUPPORTED_DTYPES:
-            raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
-        if x.ndim == 0 or x.shape[-1] != self.dim:
-            raise ValueError(f"{name} must have last dimension {self.dim}, got shape {tuple(x.shape)}")
-        if finite:
-            _check_finite(x, name)
-        return x
+        check_vectors(x, name, self.dim)
+        return check_finite(x, name) if finite else x
 
     def _check_codes(self, q: QuantizedVectors) -> None:
         if not isinstance(q, QuantizedVectors):
@@ -270,13 +257,56 @@ class _VectorQuantizer:
         if q.signature != self.signature:
             raise ValueError(f"these codes were made by {q.signature}, not by {self.signature}")
 
-    def _split_norms(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(unit vectors (n, d) float32 on self.device, norms (n,) float32); zero vectors stay zero."""
-        return unit_vectors(x.reshape(-1, self.dim).to(device=self.device, dtype=torch.float32))
+    def _split_norms(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(unit vectors (n, d) float32 on self.device, norms (n,)) of rows (n, d); zero vectors stay zero.
+        float64 rows are normalised in float64 (their norms stay float64 for :func:`_check_norms`)."""
+        rows = rows.to(self.device)
+        unit, norms = unit_vectors(rows if rows.dtype == torch.float64 else rows.float())
+        return unit.float(), norms
 
     def _chunks(self, n: int):
         for start in range(0, n, self.chunk_size):
             yield slice(start, min(start + self.chunk_size, n))
+
+    def _encode(self, rows: torch.Tensor) -> Fields:
+        """The fields of rows (n, d) by the configured backend (default: the torch reference)."""
+        return self._encode_torch(rows)
+
+    def _encode_torch(self, rows: torch.Tensor) -> Fields:
+        raise NotImplementedError
+
+    def _redo_extreme_rows(self, rows: torch.Tensor, fields: Fields) -> None:
+        """Re-encode, with the torch reference, the rows whose norm lies outside ``SAFE_NORMS`` (zero, tiny, huge
+        or non-finite: the Triton and numba encoders square in float32), and check their norms; one device
+        synchronisation when there are none."""
+        norms = fields["norms"]
+        extreme = ~((norms > SAFE_NORMS[0]) & (norms < SAFE_NORMS[1]))
+        if not bool(extreme.any()):
+            return
+        index = extreme.nonzero().squeeze(1)
+        redone = self._encode_torch(rows[index.to(rows.device)])
+        _check_norms(redone["norms"])
+        for name, values in redone.items():
+            fields[name][index] = values.to(fields[name].dtype)
+
+    @torch.no_grad()
+    def quantize(self, x: torch.Tensor) -> QuantizedVectors:
+        """Quantize x (…, d): packed codes, float32 norms and (QJL, TurboQuant_prod) sign bits."""
+        x = self._validated(x, finite=False)  # finiteness: through the norms, with no extra pass over x
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, self.dim)
+        fields = self._encode(rows)
+        self._redo_extreme_rows(rows, fields)
+
+        def shaped(name: str) -> torch.Tensor | None:
+            tensor = fields.get(name)
+            return None if tensor is None else tensor.reshape(*lead, *tensor.shape[1:])
+        return QuantizedVectors(codes=shaped("codes"), norms=shaped("norms").to(_NORM_DTYPE),
+                                qjl_signs=shaped("qjl_signs"),
+                                residual_norms=None if "residual_norms" not in fields
+                                else shaped("residual_norms").to(_NORM_DTYPE),
+                                dim=self.dim, bits=self.bits, mse_bits=self.mse_bits, signature=self.signature,
+                                dtype=x.dtype)
 
     def _queries(self, y: torch.Tensor) -> torch.Tensor:
         y = self._validated(y, "y")
@@ -309,12 +339,9 @@ class TurboQuantMSE(_VectorQuantizer):
     def __init__(self, dim: int, bits: int, rotation: str = "haar", seed: int = 0,
                  device: torch.device | str | None = None, density: str = "exact",
                  chunk_size: int = _DEFAULT_CHUNK, backend: str = "auto", threads: int | None = None):
-        self.dim = _check_dim(dim)
-        self.bits = self.mse_bits = _check_bits(bits, 1, MAX_BITS, "TurboQuantMSE")
-        self.seed = int(seed)
-        self.density = density
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.chunk_size = int(chunk_size)
+        self._configure(dim, seed, device, chunk_size)
+        self.bits = self.mse_bits = check_int(bits, "TurboQuantMSE bits", 1, MAX_BITS)
+        self.density = check_choice(density, "density", SUPPORTED_DENSITIES)
         self.codebook: Codebook = lloyd_max_codebook(self.dim, self.bits, density)
         self.rotation: Rotation = make_rotation(rotation, self.dim, self.seed, self.device)
         self._centroids = self.codebook.centroids_tensor(self.device)
@@ -322,15 +349,12 @@ class TurboQuantMSE(_VectorQuantizer):
         self.backend = backend
         self._triton = _use_triton(backend, self.device, self.bits <= _TRITON_MAX_BITS)
         self._numba = not self._triton and _use_numba(backend, self.device)
-        self.threads = threads
+        self.threads = _check_threads(threads)
 
     @property
     def signature(self) -> str:
         return (f"TurboQuantMSE(dim={self.dim}, bits={self.bits}, rotation={self.rotation.kind}, "
                 f"seed={self.seed}, density={self.density})")
-
-    def __repr__(self) -> str:
-        return self.signature
 
     # -- the two halves of Algorithm 1, on unit vectors (n, d) -------------------------------------
     def encode_unit(self, unit: torch.Tensor) -> torch.Tensor:
@@ -347,31 +371,27 @@ class TurboQuantMSE(_VectorQuantizer):
         return self.rotation.inverse(self.centroid_values(indices))
 
     # -- public API --------------------------------------------------------------------------------
-    @torch.no_grad()
-    def quantize(self, x: torch.Tensor) -> QuantizedVectors:
-        """Quantize x (…, d) to packed b-bit codes plus float32 norms."""
-        x = self._validated(x, finite=False)  # finiteness: by the norms below, with no extra pass over x
-        lead = x.shape[:-1]
-        if self._triton and x.dtype != torch.float64:
+    def _encode(self, rows: torch.Tensor) -> Fields:
+        if self._triton and rows.dtype != torch.float64:
             from .kernels import quantize_mse_triton
 
-            codes, norms = quantize_mse_triton(x.reshape(-1, self.dim).to(self.device), self.rotation.matrix(),
+            codes, norms = quantize_mse_triton(rows.to(self.device), self.rotation.matrix(),
                                                self.codebook.boundaries, self.bits, norms_dtype=_NORM_DTYPE)
-        elif self._numba_for(x):
+        elif self._numba_for(rows):
             from .kernels.quantize_cpu import quantize_mse_cpu
 
-            codes, norms = quantize_mse_cpu(x.reshape(-1, self.dim), self.rotation, self.codebook.boundaries,
-                                            self.bits, self.chunk_size, self.threads)
+            codes, norms = quantize_mse_cpu(rows, self.rotation, self.codebook.boundaries, self.bits,
+                                            self.chunk_size, self.threads)
         else:
-            unit, norms = self._split_norms(x)
-            codes = torch.empty(unit.shape[0], packed_size(self.dim, self.bits), dtype=torch.uint8,
-                                device=self.device)
-            for part in self._chunks(unit.shape[0]):
-                codes[part] = pack_codes(self.encode_unit(unit[part]), self.bits)
-        _check_finite_norms(norms, "x")
-        return QuantizedVectors(codes=codes.reshape(*lead, codes.shape[-1]), norms=norms.to(_NORM_DTYPE).reshape(lead),
-                                qjl_signs=None, residual_norms=None, dim=self.dim, bits=self.bits,
-                                mse_bits=self.bits, signature=self.signature, dtype=x.dtype)
+            return self._encode_torch(rows)
+        return {"codes": codes, "norms": norms}
+
+    def _encode_torch(self, rows: torch.Tensor) -> Fields:
+        unit, norms = self._split_norms(rows)
+        codes = torch.empty(unit.shape[0], packed_size(self.dim, self.bits), dtype=torch.uint8, device=self.device)
+        for part in self._chunks(unit.shape[0]):
+            codes[part] = pack_codes(self.encode_unit(unit[part]), self.bits)
+        return {"codes": codes, "norms": norms}
 
     def unpack(self, q: QuantizedVectors) -> torch.Tensor:
         """The centroid indices (…, d) uint8 of stored codes."""
@@ -418,22 +438,16 @@ class QJL(_VectorQuantizer):
 
     def __init__(self, dim: int, seed: int = 0, device: torch.device | str | None = None,
                  chunk_size: int = _DEFAULT_CHUNK):
-        self.dim = _check_dim(dim)
+        self._configure(dim, seed, device, chunk_size)
         self.bits = 1
         self.mse_bits = 0
-        self.seed = int(seed)
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.chunk_size = int(chunk_size)
-        generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        generator = stream_generator(self.seed, "qjl", self.dim)
         self.matrix = torch.randn(self.dim, self.dim, generator=generator).to(self.device)  # S
         self.scale = math.sqrt(math.pi / 2) / self.dim
 
     @property
     def signature(self) -> str:
         return f"QJL(dim={self.dim}, seed={self.seed})"
-
-    def __repr__(self) -> str:
-        return self.signature
 
     def sign_bits(self, vectors: torch.Tensor) -> torch.Tensor:
         """Packed bits of sign(S v) for v (n, d): bit 1 for ≥ 0 (+1), bit 0 for −1."""
@@ -447,18 +461,13 @@ class QJL(_VectorQuantizer):
         """S y for queries (m, d): scores against sign vectors z are then ⟨Sy, z⟩ = ⟨y, Sᵀz⟩."""
         return queries @ self.matrix.T
 
-    @torch.no_grad()
-    def quantize(self, x: torch.Tensor) -> QuantizedVectors:
-        x = self._validated(x)
-        lead = x.shape[:-1]
-        unit, norms = self._split_norms(x)
+    def _encode_torch(self, rows: torch.Tensor) -> Fields:
+        unit, norms = self._split_norms(rows)
         signs = torch.empty(unit.shape[0], packed_size(self.dim, 1), dtype=torch.uint8, device=self.device)
         for part in self._chunks(unit.shape[0]):
             signs[part] = self.sign_bits(unit[part])
-        empty = torch.empty(*lead, 0, dtype=torch.uint8, device=self.device)
-        return QuantizedVectors(codes=empty, norms=norms.to(_NORM_DTYPE).reshape(lead),
-                                qjl_signs=signs.reshape(*lead, signs.shape[-1]), residual_norms=None, dim=self.dim,
-                                bits=1, mse_bits=0, signature=self.signature, dtype=x.dtype)
+        empty = torch.empty(unit.shape[0], 0, dtype=torch.uint8, device=self.device)
+        return {"codes": empty, "norms": norms, "qjl_signs": signs}
 
     @torch.no_grad()
     def dequantize(self, q: QuantizedVectors) -> torch.Tensor:
@@ -493,16 +502,11 @@ class TurboQuantProd(_VectorQuantizer):
     def __init__(self, dim: int, bits: int, rotation: str = "haar", seed: int = 0,
                  device: torch.device | str | None = None, density: str = "exact",
                  chunk_size: int = _DEFAULT_CHUNK, backend: str = "auto"):
-        self.dim = _check_dim(dim)
-        self.bits = _check_bits(bits, 1, MAX_BITS, "TurboQuantProd")
+        self._configure(dim, seed, device, chunk_size)
+        self.bits = check_int(bits, "TurboQuantProd bits", 1, MAX_BITS)
         self.mse_bits = self.bits - 1
-        self.seed = int(seed)
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.chunk_size = int(chunk_size)
-        self.rotation_kind = rotation
-        self.density = density
-        if rotation not in ROTATION_KINDS:
-            raise ValueError(f"rotation must be one of {ROTATION_KINDS}, got {rotation!r}")
+        self.rotation_kind = check_choice(rotation, "rotation", ROTATION_KINDS)
+        self.density = check_choice(density, "density", SUPPORTED_DENSITIES)
         if backend == "numba" and self.mse_bits == 0:
             raise ValueError("backend='numba' encodes the MSE stage; TurboQuantProd needs bits >= 2 for it")
         self.backend = backend
@@ -511,7 +515,7 @@ class TurboQuantProd(_VectorQuantizer):
         self.mse = (TurboQuantMSE(self.dim, self.mse_bits, rotation, self.seed, self.device, density, chunk_size,
                                   "triton" if self._triton else "torch")
                     if self.mse_bits else None)
-        self.qjl = QJL(self.dim, _derive_seed(self.seed, "qjl"), self.device, chunk_size)
+        self.qjl = QJL(self.dim, self.seed, self.device, chunk_size)  # S's stream is not Π's (turboquant._random)
         self._numba = not self._triton and self.mse_bits >= 1 and _use_numba(backend, self.device)
         self._sketch_rotated: torch.Tensor | None = None  # S Πᵀ, built on the numba path's first use
 
@@ -528,41 +532,29 @@ class TurboQuantProd(_VectorQuantizer):
         return (f"TurboQuantProd(dim={self.dim}, bits={self.bits}, rotation={self.rotation_kind}, "
                 f"seed={self.seed}, density={self.density})")
 
-    def __repr__(self) -> str:
-        return self.signature
-
-    @torch.no_grad()
-    def quantize(self, x: torch.Tensor) -> QuantizedVectors:
-        x = self._validated(x, finite=False)  # finiteness: by the norms below, with no extra pass over x
-        lead = x.shape[:-1]
-        if self._triton and x.dtype != torch.float64:
+    def _encode(self, rows: torch.Tensor) -> Fields:
+        if self._triton and rows.dtype != torch.float64:
             from .kernels import quantize_prod_triton
 
             mse_stage = ((self.mse.rotation.matrix(), self.codebook.boundaries, self.mse._centroids)
                          if self.mse else (None, None, None))
             codes, signs, norms, residual_norms = quantize_prod_triton(
-                x.reshape(-1, self.dim).to(self.device), *mse_stage, self.mse_bits, self.qjl.matrix,
-                norms_dtype=_NORM_DTYPE)
-        elif self._numba_for(x):
+                rows.to(self.device), *mse_stage, self.mse_bits, self.qjl.matrix, norms_dtype=_NORM_DTYPE)
+        elif self._numba_for(rows):
             from .kernels.quantize_cpu import quantize_prod_cpu
 
             if self._sketch_rotated is None:
                 self._sketch_rotated = self.mse.rotation.apply(self.qjl.matrix)  # rows Π s_i: S Πᵀ
             codes, signs, norms, residual_norms = quantize_prod_cpu(
-                x.reshape(-1, self.dim), self.mse.rotation, self.codebook.boundaries, self.mse._centroids,
-                self.mse_bits, self._sketch_rotated, self.chunk_size)
+                rows, self.mse.rotation, self.codebook.boundaries, self.mse._centroids, self.mse_bits,
+                self._sketch_rotated, self.chunk_size)
         else:
-            codes, signs, norms, residual_norms = self._quantize_torch(x)
-        _check_finite_norms(norms, "x")
-        return QuantizedVectors(codes=codes.reshape(*lead, codes.shape[-1]), norms=norms.to(_NORM_DTYPE).reshape(lead),
-                                qjl_signs=signs.reshape(*lead, signs.shape[-1]),
-                                residual_norms=residual_norms.to(_NORM_DTYPE).reshape(lead), dim=self.dim,
-                                bits=self.bits, mse_bits=self.mse_bits, signature=self.signature,
-                                dtype=x.dtype)
+            return self._encode_torch(rows)
+        return {"codes": codes, "qjl_signs": signs, "norms": norms, "residual_norms": residual_norms}
 
-    def _quantize_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The exact reference path: (codes, QJL sign bits, norms, residual norms) of the rows of ``x``."""
-        unit, norms = self._split_norms(x)
+    def _encode_torch(self, rows: torch.Tensor) -> Fields:
+        """The exact reference path: codes, QJL sign bits, norms and residual norms of ``rows``."""
+        unit, norms = self._split_norms(rows)
         n = unit.shape[0]
         codes = torch.empty(n, packed_size(self.dim, self.mse_bits) if self.mse else 0, dtype=torch.uint8,
                             device=self.device)
@@ -576,7 +568,7 @@ class TurboQuantProd(_VectorQuantizer):
                 residual = residual - self.mse.decode_unit(indices)
             residual_norms[part] = torch.linalg.vector_norm(residual, dim=-1)
             signs[part] = self.qjl.sign_bits(residual)
-        return codes, signs, norms, residual_norms
+        return {"codes": codes, "qjl_signs": signs, "norms": norms, "residual_norms": residual_norms}
 
     @torch.no_grad()
     def dequantize(self, q: QuantizedVectors) -> torch.Tensor:

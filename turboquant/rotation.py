@@ -14,8 +14,9 @@ Two kinds behind one interface (:class:`Rotation`):
   let every output coordinate depend on every input coordinate. It is not Haar: its coordinates are
   only approximately distributed as Lemma 1 says.
 
-Both are deterministic functions of (dim, seed): the random draws happen on the CPU with a seeded
-``torch.Generator`` and are then moved to the target device, so CPU and GPU use the same Π.
+Both are deterministic functions of (dim, seed): the random draws happen on the CPU, from a generator
+seeded with a hash of (seed, kind, dim) (:mod:`turboquant._random`; never torch's global stream), and are
+then moved to the target device, so CPU and GPU use the same Π.
 """
 
 from __future__ import annotations
@@ -26,20 +27,13 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from ._random import stream_generator
+from ._validation import check_choice, check_device, check_int, check_vectors
+
 __all__ = ["Rotation", "HaarRotation", "RandomizedHadamard", "make_rotation", "fast_walsh_hadamard",
            "ROTATION_KINDS"]
 
 ROTATION_KINDS = ("haar", "hadamard")
-
-
-def _check_dim(dim: int) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2:
-        raise ValueError(f"dim must be an integer ≥ 2, got {dim!r}")
-    return dim
-
-
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator(device="cpu").manual_seed(int(seed))
 
 
 class Rotation(ABC):
@@ -48,13 +42,12 @@ class Rotation(ABC):
     kind: str
 
     def __init__(self, dim: int, seed: int = 0, device: torch.device | str | None = None):
-        self.dim = _check_dim(dim)
-        self.seed = int(seed)
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.dim = check_int(dim, "dim", low=2)
+        self.seed = check_int(seed, "seed", low=0)
+        self.device = check_device(device)
 
     def _check_input(self, x: torch.Tensor) -> None:
-        if x.shape[-1:] != (self.dim,):
-            raise ValueError(f"expected last dimension {self.dim}, got shape {tuple(x.shape)}")
+        check_vectors(x, "x", self.dim)
 
     @abstractmethod
     def apply(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +83,8 @@ class HaarRotation(Rotation):
                  _matrix: torch.Tensor | None = None):
         super().__init__(dim, seed, device)
         if _matrix is None:
-            gaussian = torch.randn(self.dim, self.dim, generator=_generator(self.seed), dtype=torch.float64)
+            gaussian = torch.randn(self.dim, self.dim, generator=stream_generator(self.seed, self.kind, self.dim),
+                                   dtype=torch.float64)
             q, r = torch.linalg.qr(gaussian)
             q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)
             _matrix = q.to(torch.float32)
@@ -133,7 +127,7 @@ def fast_walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
     in a few BLAS calls, i.e. O(p log p) up to the block size, and fast on CPUs and GPUs alike.
     H_p/√p is symmetric and orthogonal, so the transform is its own inverse.
     """
-    p = x.shape[-1]
+    p = check_vectors(x, "x").shape[-1]
     if p < 1 or p & (p - 1):
         raise ValueError(f"the Walsh-Hadamard transform needs a power-of-two length, got {p}")
     factors = []
@@ -161,7 +155,7 @@ class RandomizedHadamard(Rotation):
         super().__init__(dim, seed, device)
         self.block = 1 << (self.dim.bit_length() - 1)
         self.rounds = 1 if self.block == self.dim else 3
-        generator = _generator(self.seed)
+        generator = stream_generator(self.seed, self.kind, self.dim)
         signs, perms = [], []
         for _ in range(self.rounds):
             signs.append(torch.randint(0, 2, (self.dim,), generator=generator).float() * 2 - 1)
@@ -213,8 +207,5 @@ class RandomizedHadamard(Rotation):
 
 def make_rotation(kind: str, dim: int, seed: int = 0, device: torch.device | str | None = None) -> Rotation:
     """Build a rotation by name: ``"haar"`` (the paper's) or ``"hadamard"`` (the fast substitute)."""
-    if kind == "haar":
-        return HaarRotation(dim, seed, device)
-    if kind == "hadamard":
-        return RandomizedHadamard(dim, seed, device)
-    raise ValueError(f"rotation must be one of {ROTATION_KINDS}, got {kind!r}")
+    rotation = {"haar": HaarRotation, "hadamard": RandomizedHadamard}[check_choice(kind, "rotation", ROTATION_KINDS)]
+    return rotation(dim, seed, device)

@@ -68,7 +68,11 @@ def test_fused_matches_workspace_path(tiny_model, prompt_ids, options, batch):
     assert quantized_layers == tiny_model.config.num_hidden_layers - 2 * options.get("boundary_layers", 0)
     assert len(calls) == STEPS * quantized_layers  # every decode step of a quantized layer went through the kernel
     assert torch.equal(got_tokens, ref_tokens)
-    assert relative_error(got_logits, ref_logits) < 5e-3  # fp16 operands in the kernel vs float32 workspace
+    # fp16 operands in the kernel vs the float32 workspace. With QJL keys the error depends on the draw of S
+    # (key_variant="prod", seeds 0-3: 0.0006 to 0.025), so those configurations get a wider tolerance; a wrong
+    # kernel is off by O(1).
+    tolerance = 5e-2 if options.get("key_variant") == "prod" else 5e-3
+    assert relative_error(got_logits, ref_logits) < tolerance
     assert fused.nbytes() == reference.nbytes() == fused.expected_nbytes()
     assert all(layer.key_stream.workspace is None for layer in fused.layers
                if isinstance(layer, FusedTurboQuantLayer))  # nothing materialised

@@ -40,7 +40,7 @@ import torch
 from numba import njit, prange
 
 from ..packing import pack_codes, packed_size
-from ..quantizers import unit_vectors
+from .._validation import unit_vectors
 from ..rotation import RandomizedHadamard, Rotation
 
 __all__ = [

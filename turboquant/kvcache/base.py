@@ -57,6 +57,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from turboquant._validation import check_int, check_vectors
+
 REFERENCE_BYTES_PER_VALUE = 2  # the model's 16-bit (fp16 / bf16) cache
 
 
@@ -173,6 +175,7 @@ class CompressedLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
     is_sliding = False
+    model_head_dim: int | None = None  # the model's head_dim (set by build_cache), checked at the first update
 
     def __init__(self, layer_idx: int, fp_dtype: torch.dtype | None = None) -> None:
         super().__init__()
@@ -181,12 +184,30 @@ class CompressedLayer(CacheLayerMixin):
         self.seen_tokens = 0
 
     # ----------------------------------------------------------------- transformers layer interface
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    def check_states(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """ValueError unless the new key/value states are floating-point tensors of one shape
+        (batch, kv_heads, tokens, head_dim) whose batch, heads and head_dim are those of the earlier updates
+        (and head_dim the model's). Metadata only: no pass over the values, no device synchronisation."""
+        where = f"layer {self.layer_idx}"
+        check_vectors(key_states, f"{where}: key_states")
+        check_vectors(value_states, f"{where}: value_states")
         if key_states.dim() != 4 or key_states.shape != value_states.shape:
             raise ValueError(
-                "expected key/value states of equal shape (batch, kv_heads, tokens, head_dim), got "
+                f"{where}: expected key/value states of equal shape (batch, kv_heads, tokens, head_dim), got "
                 f"{tuple(key_states.shape)} and {tuple(value_states.shape)}"
             )
+        head_dim = key_states.shape[-1]
+        if self.is_initialized and head_dim != self.head_dim:
+            raise ValueError(f"{where}: head_dim changed from {self.head_dim} to {head_dim} between updates")
+        if not self.is_initialized and self.model_head_dim is not None and head_dim != self.model_head_dim:
+            raise ValueError(f"{where}: key/value head_dim {head_dim} differs from the model's {self.model_head_dim}")
+        if self.is_initialized and tuple(key_states.shape[:2]) != (self.batch_size, self.num_heads):
+            raise ValueError(
+                f"{where}: batch/heads changed from ({self.batch_size}, {self.num_heads}) to "
+                f"{tuple(key_states.shape[:2])}; build a new cache per batch"
+            )
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.batch_size, self.num_heads, _, self.head_dim = key_states.shape
         self.compute_dtype = key_states.dtype
         self.device = key_states.device
@@ -198,13 +219,9 @@ class CompressedLayer(CacheLayerMixin):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new tokens compressed; return ``[decoded past ; new tokens]`` for attention (see module doc)."""
+        self.check_states(key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        elif key_states.shape[0] != self.batch_size or key_states.shape[1] != self.num_heads:
-            raise ValueError(
-                f"layer {self.layer_idx}: batch/heads changed from ({self.batch_size}, {self.num_heads}) to "
-                f"{tuple(key_states.shape[:2])}; build a new cache per batch"
-            )
         past_keys, past_values = self._read() if self.stored_tokens() > 0 else (None, None)
         self._write(key_states, value_states)
         self.seen_tokens += key_states.shape[-2]
@@ -302,6 +319,13 @@ class CompressedCache(Cache):
         if layer_idx == len(self.layers) - 1:
             self.ratio_samples.append(self.memory_ratio())
         return out
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``transformers.Cache.update`` with ``layer_idx`` checked against this cache's layers."""
+        layer_idx = check_int(layer_idx, f"layer_idx (this cache has {len(self.layers)} layers)", 0,
+                              len(self.layers) - 1)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         # The causal mask indexes stored key positions; for eviction caches stored < seen.

@@ -104,9 +104,12 @@ def build_cache(method: str, model_config: Any, **options: Any) -> CompressedCac
         if length not in inspect.signature(builder).parameters:
             options.pop(length, None)
     try:
-        return builder(shape, **options)
+        cache = builder(shape, **options)
     except TypeError as error:
         raise ValueError(f"bad options for KV cache method {method!r}: {error}") from error
+    for layer in cache.layers:
+        layer.model_head_dim = shape.head_dim
+    return cache
 
 
 @contextlib.contextmanager

@@ -147,6 +147,7 @@ class FusedTurboQuantLayer(TurboQuantLayer):
         """Decode steps under :func:`fused_decode`: write the token, return only the exact part (window + new
         token) and leave the packed part to the attention function; anything else: the parent's update."""
         _check_consumed(self)
+        self.check_states(key_states, value_states)
         deferred = (self.is_initialized and self.fused and self.defer_attention and key_states.shape[-2] == 1
                     and self.stored_tokens() > 0)
         if not deferred:
