@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = model_spec_from_config(OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"))
     loaded = load_model(spec)
-    task_cfg = config_to_dict(OmegaConf.load(CONFIGS / "experiment" / "needle.yaml").task)
+    task_cfg = config_to_dict(OmegaConf.load(CONFIGS / "needle_task" / "sf_sandwich.yaml"))
     task = NeedleTask(**task_cfg)
     prompt = PromptBuilder(loaded.tokenizer, load_haystack("paul_graham_essays").text, task).build(args.context, args.depth)
     layers = capture(loaded.model, prompt.input_ids, args.queries)

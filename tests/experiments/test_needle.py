@@ -26,7 +26,7 @@ from experiments.needle import (
 from tests.experiments.llm_fixtures import build_tokenizer, haystack_text, save_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
-TASK_CFG = OmegaConf.load(REPO / "configs" / "experiment" / "needle.yaml").task
+TASK_CFG = OmegaConf.load(REPO / "configs" / "needle_task" / "sf_sandwich.yaml")
 TASK = NeedleTask(TASK_CFG.needle, TASK_CFG.question, TASK_CFG.system, TASK_CFG.user_template, TASK_CFG.answer_prefix)
 KEYWORDS = TASK.keywords
 

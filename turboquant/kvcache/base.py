@@ -314,18 +314,14 @@ class CompressedCache(Cache):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's update; after the last layer's, the memory ratio of this forward pass is sampled."""
+        """``transformers.Cache.update`` with ``layer_idx`` checked against this cache's layers; after the last
+        layer's update, the memory ratio of this forward pass is sampled."""
+        layer_idx = check_int(layer_idx, f"layer_idx (this cache has {len(self.layers)} layers)", 0,
+                              len(self.layers) - 1)
         out = super().update(key_states, value_states, layer_idx, *args, **kwargs)
         if layer_idx == len(self.layers) - 1:
             self.ratio_samples.append(self.memory_ratio())
         return out
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """``transformers.Cache.update`` with ``layer_idx`` checked against this cache's layers."""
-        layer_idx = check_int(layer_idx, f"layer_idx (this cache has {len(self.layers)} layers)", 0,
-                              len(self.layers) - 1)
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         # The causal mask indexes stored key positions; for eviction caches stored < seen.
