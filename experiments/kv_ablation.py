@@ -31,8 +31,9 @@ from experiments.io import ResultStore, config_to_dict
 from experiments.plotting import figure_style, figure_title, save_figure
 
 RESULT_KEYS = needle.RESULT_KEYS
+stored_frame = needle.stored_frame  # the same cells, the same identity
 
-__all__ = ["RESULT_KEYS", "run", "ablation_table", "best_row", "plot"]
+__all__ = ["RESULT_KEYS", "run", "write_tables", "ablation_table", "best_row", "plot"]
 
 
 def _seed_se(rows: pd.DataFrame, column: str) -> float:
@@ -80,11 +81,12 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     """The needle cells of every row (``experiments.needle.run``), then the ablation table and the best row."""
     frame = needle.run(cfg, store)
     if not frame.empty:
-        _write_table(frame, cfg, store.directory)
+        write_tables(frame, cfg, store.directory)
     return frame
 
 
-def _write_table(df: pd.DataFrame, cfg: Any, directory: Path) -> None:
+def write_tables(df: pd.DataFrame, cfg: Any, directory: Path) -> None:
+    """``ablation_<model>.csv`` / ``.md`` and, when a row fits the budget, ``best_<model>.yaml``."""
     budget = float(cfg.experiment.memory_ratio)
     table = ablation_table(df, budget, list(cfg.experiment.methods))
     model = str(df["model"].iloc[0])

@@ -344,6 +344,21 @@ def method_runs(methods: dict[str, KVMethod], seeds: list[int]) -> list[tuple[KV
     return runs
 
 
+def unit_of(method: KVMethod, context: int, depth: float) -> dict[str, Any]:
+    """The stored identity of one cell."""
+    return {"method": method.key, "method_options": method.identity(), "context": context, "depth": depth,
+            "protocol": PROTOCOL}
+
+
+def stored_frame(cfg: Any, store: ResultStore) -> pd.DataFrame:
+    """The stored cells of the configured grid and methods (labels from the config), computing nothing."""
+    spec = model_spec_from_config(cfg.model)
+    contexts, depths = _grid(cfg, spec.max_context, int(cfg.experiment.generation.max_new_tokens))
+    methods = kv_methods(cfg)
+    units = [unit_of(m, c, d) for c in contexts for m, _ in method_runs(methods, _method_seeds(cfg)) for d in depths]
+    return with_current_labels(store.frame(units), methods)
+
+
 def _batch_size(cfg: Any) -> int:
     """``experiment.sizes.<scale>.batch_size``: depths decoded together (1 = one prompt at a time)."""
     size = experiment_sizes(cfg).get("batch_size", 1)
@@ -366,10 +381,6 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     reference = next((m for m in methods.values() if m.cache == "full"), None)
     if score_logprob and reference is None:
         raise ValueError("experiment.answer_logprob scores the full cache's answer: add the 'full' method")
-
-    def unit_of(method: KVMethod, context: int, depth: float) -> dict[str, Any]:
-        return {"method": method.key, "method_options": method.identity(), "context": context, "depth": depth,
-                "protocol": PROTOCOL}
 
     # context-major: a run stopped early leaves complete grids at the shorter contexts for every method
     units = [unit_of(method, c, d) for c in contexts for method, _ in runs for d in depths]
@@ -425,7 +436,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     store.record_provenance(unit_ids=[store.unit_id(unit) for unit in units])
     frame = with_current_labels(store.frame(units), methods)
     if not frame.empty:
-        _write_summary(frame, store.directory, list(methods))
+        write_tables(frame, cfg, store.directory)
     if failures:
         raise RuntimeError(f"needle: {len(failures)} method(s) failed (every other cell is stored; rerun to "
                            "resume):\n  " + "\n  ".join(failures))
@@ -482,12 +493,17 @@ def summary_table(df: pd.DataFrame, order: list[str] | None = None) -> pd.DataFr
             "cells": [len(grouped.get_group(m)) for m in order],
             "bits_per_value": [grouped.get_group(m)["bits_per_value"].mean() for m in order],
             "memory_ratio": [grouped.get_group(m)["memory_ratio"].mean() for m in order],
-            "max_memory_ratio": [grouped.get_group(m)["memory_ratio"].max() for m in order],
+            "peak_memory_ratio": [grouped.get_group(m)["peak_memory_ratio"].max() for m in order],
             "compression_ratio": [grouped.get_group(m)["compression_ratio"].mean() for m in order],
             "seconds_per_cell": [grouped.get_group(m)["seconds"].mean() for m in order],
+            "gpu_peak_gib": [grouped.get_group(m)["gpu_peak_gib"].max() if "gpu_peak_gib" in df else np.nan
+                             for m in order],
+            "attention_path": [",".join(sorted(set(grouped.get_group(m)["attention_path"].astype(str))))
+                               for m in order],
         }
     )
-    paper = _paper_scores()
+    random_weights = df.attrs.get("provenance", {}).get("model", {}).get("source") == "random_weights"
+    paper = {} if random_weights else _paper_scores()  # a shape with random weights is timed, never judged
     table["paper_method"] = [str(grouped.get_group(m)["paper_method"].fillna("").iloc[0]) for m in order]
     table["paper_score_arxiv_v1"] = [paper.get(p, np.nan) for p in table["paper_method"]]
     table["model"] = df["model_label"].iloc[0]
@@ -501,31 +517,35 @@ def _paper_scores() -> dict[str, float]:
     return {n.id[len(prefix) :]: n.value for n in load_paper_numbers() if n.id.startswith(prefix)}
 
 
-def _write_summary(df: pd.DataFrame, directory: Path, order: list[str]) -> list[Path]:
+def write_tables(df: pd.DataFrame, cfg: Any, directory: Path) -> list[Path]:
     """``summary_<model>.csv`` and ``.md`` in the experiment's results folder (one pair per model)."""
-    table = summary_table(df, order)
+    table = summary_table(df, list(cfg.experiment.methods))
     directory.mkdir(parents=True, exist_ok=True)
     stem = f"summary_{df['model'].iloc[0]}"
     csv_path, md_path = directory / f"{stem}.csv", directory / f"{stem}.md"
     table.to_csv(csv_path, index=False)
-    contexts = sorted(df["context"].unique())
+    contexts = sorted(int(c) for c in df["context"].unique())
+    by_context = df.pivot_table(index="method", columns="context", values="score", aggfunc="mean")
     lines = [
         f"# Needle-in-a-haystack, model: {table['model'].iloc[0]}",
         "",
-        f"contexts {', '.join(str(int(c)) for c in contexts)} tokens x {df['depth'].nunique()} depths; "
-        "score = ROUGE-1 recall of the needle's answer words (experiments/needle.py).",
+        f"contexts {', '.join(str(c) for c in contexts)} tokens x {df['depth'].nunique()} depths; "
+        "score = ROUGE-1 recall of the needle's answer words (experiments/needle.py); memory: mean at the end "
+        "(peak over the generation).",
         "",
-        "| method | mean score | ± SE over seeds | seeds | cells | bits/value | memory ratio (max) | compression "
-        "| s/cell | paper (arXiv v1, Llama-3.1-8B) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | mean score | ± SE over seeds | seeds | cells | " + " | ".join(_context_label(c) for c in contexts)
+        + " | bits/value | memory ratio (peak) | s/cell | GPU peak GiB | read path | paper (arXiv v1, Llama-3.1-8B) |",
+        "|---|---|---|---|---|" + "---|" * len(contexts) + "---|---|---|---|---|---|",
     ]
     for row in table.itertuples():
         paper = "" if math.isnan(row.paper_score_arxiv_v1) else f"{row.paper_score_arxiv_v1:.3f}"
         se = "" if math.isnan(row.score_se_over_seeds) else f"{row.score_se_over_seeds:.3f}"
+        per_context = " | ".join("" if math.isnan(v) else f"{v:.3f}" for v in by_context.loc[row.method].reindex(contexts))
         lines.append(
-            f"| {row.label} | {row.mean_score:.3f} | {se} | {row.seeds} | {row.cells} | {row.bits_per_value:.2f} | "
-            f"{row.memory_ratio:.3f} ({row.max_memory_ratio:.3f}) | {row.compression_ratio:.2f}x | "
-            f"{row.seconds_per_cell:.1f} | {paper} |"
+            f"| {row.label} | {row.mean_score:.3f} | {se} | {row.seeds} | {row.cells} | {per_context} | "
+            f"{row.bits_per_value:.2f} | {row.memory_ratio:.3f} ({row.peak_memory_ratio:.3f}) | "
+            f"{row.seconds_per_cell:.2f} | {'' if math.isnan(row.gpu_peak_gib) else f'{row.gpu_peak_gib:.1f}'} | "
+            f"{row.attention_path} | {paper} |"
         )
     md_path.write_text("\n".join(lines) + "\n")
     return [csv_path, md_path]
@@ -536,6 +556,8 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
 
     Only the cells of the latest run's grid and method settings count (``unit_ids`` in the provenance).
     """
+    if df.attrs.get("provenance", {}).get("model", {}).get("source") == "random_weights":
+        return []  # a model shape with random weights: its scores are not the model's
     unit_ids = df.attrs.get("provenance", {}).get("unit_ids")
     if unit_ids is not None:  # rows of earlier grids / method settings under the same config are not this run's
         df = df[df["unit_id"].isin(set(unit_ids))]
@@ -596,10 +618,11 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
                     if not np.isnan(value):
                         ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6)
             label = rows["method_label"].iloc[0]
-            bits, ratio = rows["bits_per_value"].mean(), rows["memory_ratio"].mean()
+            bits = rows["bits_per_value"].mean()
+            ratio = rows["peak_memory_ratio"].max() if "peak_memory_ratio" in rows else rows["memory_ratio"].mean()
             seeds, se = seed_spread(rows)
             score = f"{rows['score'].mean():.3f}" + (f" ± {se:.3f} ({seeds} seeds)" if seeds > 1 else "")
-            ax.set_title(f"{textwrap.fill(label, 34)}\nmean {score}\n{bits:.2f} bits ({100 * ratio:.1f}% of 16-bit)")
+            ax.set_title(f"{textwrap.fill(label, 34)}\nmean {score}\n{bits:.2f} bits, peak {100 * ratio:.1f}% of 16-bit")
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("needle depth")
         for ax in list(axes.flat)[len(methods) :]:
@@ -608,8 +631,8 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
         budget = float(cfg.experiment.memory_ratio)
         fig.suptitle(
             figure_title(
-                f"Needle-in-a-haystack (paper Fig. 4), memory budget {100 * budget:g}% of the 16-bit KV cache "
-                "(measured bits and % per panel)",
+                f"Needle-in-a-haystack (paper Fig. 4), memory budget {100 * budget:g}% of the 16-bit KV cache at its "
+                "peak (measured bits and peak % per panel)",
                 provenance,
             )
         )
