@@ -622,7 +622,8 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
             ratio = rows["peak_memory_ratio"].max() if "peak_memory_ratio" in rows else rows["memory_ratio"].mean()
             seeds, se = seed_spread(rows)
             score = f"{rows['score'].mean():.3f}" + (f" ± {se:.3f} ({seeds} seeds)" if seeds > 1 else "")
-            ax.set_title(f"{textwrap.fill(label, 34)}\nmean {score}\n{bits:.2f} bits, peak {100 * ratio:.1f}% of 16-bit")
+            over = " (over budget)" if ratio > float(cfg.experiment.memory_ratio) + 1e-9 and ratio < 1 else ""
+            ax.set_title(f"{textwrap.fill(label, 34)}\nmean {score}\n{bits:.2f} bits, peak {100 * ratio:.1f}% of 16-bit{over}")
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("needle depth")
         for ax in list(axes.flat)[len(methods) :]:
