@@ -42,6 +42,7 @@ import torch
 from matplotlib.colors import LinearSegmentedColormap
 from tqdm.auto import tqdm
 
+from experiments.coverage import grid_coverage
 from experiments.data.haystack import load_haystack
 from experiments.io import STORE_COLUMNS, ResultStore, config_to_dict, experiment_sizes
 from experiments.kv_generation import KVMethod, generate_with_cache, kv_methods, with_current_labels
@@ -62,6 +63,7 @@ __all__ = [
     "plot",
     "summary_table",
     "paper_comparison",
+    "cell_standard_error",
 ]
 
 #: What a cell's score depends on beyond its unit keys (method + its options, context, depth).
@@ -469,8 +471,23 @@ def _write_summary(df: pd.DataFrame, directory: Path, order: list[str]) -> list[
     return [csv_path, md_path]
 
 
+#: Compression figures (paper_numbers.yaml, table "compression"): (paper id, configured method key or
+#: paper row, measured column, statistic over the run's cells).
+_COMPRESSION_ROWS = (("compression.turboquant_3p5", "turboquant_3p5", "compression_ratio", "min"),
+                     ("compression.at_least_6x", "turboquant_2p5", "compression_ratio", "min"),
+                     ("compression.needle_budget", "paper:turboquant", "memory_ratio", "max"))
+
+
+def cell_standard_error(rows: pd.DataFrame) -> float:
+    """Standard error of a method's mean score over its (context, depth) cells (each cell averaged over
+    seeds first): the sampling error of comparing the grid's mean with the paper's; NaN with one cell."""
+    per_cell = rows.groupby(["context", "depth"])["score"].mean()
+    return float(per_cell.std(ddof=1) / math.sqrt(len(per_cell))) if len(per_cell) > 1 else float("nan")
+
+
 def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Mean needle score of each method that stands for one of the paper's (``paper_method`` set).
+    """Mean needle score of each method that stands for one of the paper's (``paper_method`` set), with its
+    standard error over cells, and the cache's measured compression for the paper's compression figures.
 
     Only the cells of the latest run's grid and method settings count (``unit_ids`` in the provenance).
     """
@@ -486,6 +503,7 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
             {
                 "id": f"needle.score.{paper_method}",
                 "value": float(rows["score"].mean()),
+                "se": cell_standard_error(rows),
                 "detail": (
                     f"{rows['method_label'].iloc[0]}, {len(rows)} cells (contexts "
                     f"{sorted(int(c) for c in rows['context'].unique())}), model {rows['model_label'].iloc[0]}, "
@@ -493,6 +511,13 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
                 ),
             }
         )
+    for paper_id, method, column, statistic in _COMPRESSION_ROWS:
+        rows = (df[df["paper_method"] == method.removeprefix("paper:")] if method.startswith("paper:")
+                else df[df["method"] == method])
+        if len(rows):
+            out.append({"id": paper_id, "value": float(rows[column].agg(statistic)),
+                        "detail": f"{rows['method_label'].iloc[0]}, {statistic} {column} over {len(rows)} cells, "
+                                  f"model {rows['model_label'].iloc[0]}"})
     return out
 
 
@@ -551,4 +576,4 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
                 provenance,
             )
         )
-        return save_figure(fig, figures_dir, f"fig4_needle_{cfg.model.name}")
+        return save_figure(fig, figures_dir, f"fig4_needle_{cfg.model.name}", grid_coverage(cfg))
