@@ -473,7 +473,11 @@ def render_markdown(numbers: PaperNumbers, comparisons: Sequence[Comparison], ru
         if not rows:
             continue
         printed = [c for c in rows if c.paper.kind == "printed"]
-        lines += ["", f"## {table.title}", "", f"{len(printed)} printed numbers. Tolerance: {table.tolerance_why}.", ""]
+        count = {0: "No printed number", 1: "1 printed number"}.get(len(printed), f"{len(printed)} printed numbers")
+        extra = len(rows) - len(printed)
+        count += f" and {extra} {'row' if extra == 1 else 'rows'} beside them" if printed and extra else ""
+        count += f"; {extra} {'check' if extra == 1 else 'checks'}" if not printed else ""
+        lines += ["", f"## {table.title}", "", f"{count}. Tolerance: {table.tolerance_why}.", ""]
         why: dict[str, list[str]] = {}
         for c in rows:
             if c.paper.tolerance.why:
