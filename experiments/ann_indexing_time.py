@@ -299,7 +299,9 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
                            else (_fast_turboquant(builds[builds["data"] == data], method, "haar"), where))
         if len(rows):
             row = rows.iloc[-1]
-            threads = "" if row["gpu"] else f", {int(row['faiss_threads'])} faiss / {int(row['torch_threads'])} torch threads"
+            load = row.get("load_average", float("nan"))
+            threads = "" if row["gpu"] else (f", {int(row['faiss_threads'])} faiss / {int(row['torch_threads'])} torch threads"
+                                             + ("" if pd.isna(load) else f", 1-min load average {load:.1f}"))
             item = {"value": float(row["build_s"]), "detail": f"{row['method_label']}{threads}, {where}"}
             out.append({"id": f"ann_indexing_time.seconds.{label}.d{dim}", **item})
             if (label, where) in RETIMING_ROWS:

@@ -217,8 +217,9 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
         axes[0][-1].legend(loc="lower right", fontsize=6)
         fig.suptitle("Recall@1@k, maximum inner-product search (paper Fig. 5, arXiv v1)", fontsize=9)
         fig.tight_layout()
-        paths = save_figure(fig, figures_dir, "ann_recall", grid_coverage(cfg))
-    summary = Path(figures_dir) / "ann_recall_summary.md"
+        coverage = grid_coverage(cfg)
+        paths = save_figure(fig, figures_dir, "ann_recall", coverage)
+    summary = Path(figures_dir) / f"{coverage.stem('ann_recall')}_summary.md"
     summary.write_text(summary_markdown(df))
     return [*paths, summary]
 

@@ -249,6 +249,16 @@ def _run(source: str, frame: pd.DataFrame, record: Mapping[str, Any]) -> Experim
     )
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a readable run record ({err})") from err
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: a run record is a JSON object, got {type(record).__name__}")
+    return record
+
+
 def load_runs(results_dir: str | Path) -> list[ExperimentRun]:
     """Every run with rows under ``results_dir``: per ``<dir>/results.csv``, the runs its ``runs/*.json``
     records name, or, for a directory without run records, the one run its ``config.json`` describes."""
@@ -262,12 +272,12 @@ def load_runs(results_dir: str | Path) -> list[ExperimentRun]:
         if "config_id" not in frame or "experiment" not in frame:
             raise ValueError(f"{csv_path}: a results CSV needs 'experiment' and 'config_id' columns")
         present = set(frame["config_id"])
-        records = [json.loads(p.read_text()) for p in sorted((directory / "runs").glob("*.json"))]
+        records = [_read_json(p) for p in sorted((directory / "runs").glob("*.json"))]
         records = [r for r in records if r.get("config_id") in present]
         if not records and (directory / "config.json").exists():
             if len(present) != 1:
                 raise ValueError(f"{csv_path}: rows of {len(present)} configs but one config.json and no runs/ records")
-            records = [{"config_id": next(iter(present)), "config": json.loads((directory / "config.json").read_text())}]
+            records = [{"config_id": next(iter(present)), "config": _read_json(directory / "config.json")}]
         runs += [_run(directory.name, frame, record) for record in records]
     return runs
 
@@ -363,13 +373,11 @@ def _reproduced_values(run: ExperimentRun, known_ids: set[str], cell_keys: Seque
     return out
 
 
-def _evidence_order(reproduced: Reproduced) -> tuple[bool, str, str]:
-    """Full runs first, then the most recently updated, then by source for a stable report."""
-    return (bool(reproduced.partial), _negated(reproduced.run.updated), reproduced.run.label)
-
-
-def _negated(text: str) -> str:
-    return "".join(chr(0x10FFFF - ord(c)) for c in text)
+def _best_evidence_first(values: Sequence[Reproduced]) -> tuple[Reproduced, ...]:
+    """Full runs first, then the most recently updated, then by run label (stable sorts, last key first)."""
+    ordered = sorted(values, key=lambda r: r.run.label)
+    ordered = sorted(ordered, key=lambda r: r.run.updated, reverse=True)
+    return tuple(sorted(ordered, key=lambda r: bool(r.partial)))
 
 
 def compare(numbers: PaperNumbers, runs: Sequence[ExperimentRun]) -> list[Comparison]:
@@ -382,7 +390,7 @@ def compare(numbers: PaperNumbers, runs: Sequence[ExperimentRun]) -> list[Compar
     ran = {run.experiment for run in runs}
     comparisons = []
     for number in numbers.numbers:
-        values = tuple(sorted(found.get(number.id, []), key=_evidence_order))
+        values = _best_evidence_first(found.get(number.id, []))
         reason = ""
         if not values:
             if number.experiment not in ran:

@@ -42,7 +42,7 @@ import torch
 from matplotlib.colors import LinearSegmentedColormap
 from tqdm.auto import tqdm
 
-from experiments.coverage import grid_coverage
+from experiments.coverage import GridCoverage, grid_coverage
 from experiments.data.haystack import load_haystack
 from experiments.io import STORE_COLUMNS, ResultStore, config_to_dict, experiment_sizes
 from experiments.kv_generation import KVMethod, generate_with_cache, kv_methods, with_current_labels
@@ -368,7 +368,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     store.record_provenance(unit_ids=[store.unit_id(unit) for unit in units])
     frame = with_current_labels(store.frame(units), methods)
     if not frame.empty:
-        _write_summary(frame, store.directory, list(methods))
+        _write_summary(frame, store.directory, list(methods), grid_coverage(cfg))
     return frame
 
 
@@ -441,11 +441,12 @@ def _paper_scores() -> dict[str, float]:
     return {n.id[len(prefix) :]: n.value for n in load_paper_numbers() if n.id.startswith(prefix)}
 
 
-def _write_summary(df: pd.DataFrame, directory: Path, order: list[str]) -> list[Path]:
-    """``summary_<model>.csv`` and ``.md`` in the experiment's results folder (one pair per model)."""
+def _write_summary(df: pd.DataFrame, directory: Path, order: list[str], coverage: GridCoverage) -> list[Path]:
+    """``summary_<model>.csv`` and ``.md`` in the experiment's results folder (one pair per model;
+    ``summary_<model>_partial.*`` for a run that left out part of its config's grid)."""
     table = summary_table(df, order)
     directory.mkdir(parents=True, exist_ok=True)
-    stem = f"summary_{df['model'].iloc[0]}"
+    stem = coverage.stem(f"summary_{df['model'].iloc[0]}")
     csv_path, md_path = directory / f"{stem}.csv", directory / f"{stem}.md"
     table.to_csv(csv_path, index=False)
     contexts = sorted(df["context"].unique())

@@ -208,6 +208,14 @@ def test_a_corrupt_results_file_names_the_file(tmp_path: Path) -> None:
         load_script().main(["--results-dir", str(tmp_path / "results")])
 
 
+def test_a_corrupt_run_record_names_the_file(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    write_distortion_results(results, {1: 0.36}, {1: 1.57})
+    next((results / "distortion" / "runs").glob("*.json")).write_text("{not json")
+    with pytest.raises(ValueError, match=r"runs/\w+\.json: not a readable run record"):
+        load_script().main(["--results-dir", str(results)])
+
+
 def test_the_committed_comparison_is_current() -> None:
     """results/comparison.md is what `make check` writes from the committed results: regenerate and commit it
     whenever results/, experiments/paper_numbers.yaml or a paper_comparison changes."""
