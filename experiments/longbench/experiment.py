@@ -425,6 +425,7 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
             continue
         if key in _PAPER_KEY:
             rows.append({"id": f"longbench.avg_delta.{key}", "value": float(row["delta_vs_full"]),
+                         "se": float(row["delta_se"]),  # paired over samples: within 2 SE is not judged
                          "detail": f"{row['method_label']} Average − full cache Average ({where})"})
         if real:
             ids = [f"longbench.average.{key}"] + (["longbench.average.turboquant_2.5.iclr"] if key == "turboquant_2.5" else [])
