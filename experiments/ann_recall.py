@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from experiments.coverage import grid_coverage
 from experiments.data.embeddings import EmbeddingDataset, load_embeddings
 from experiments.io import ResultStore, experiment_sizes
 from experiments.plotting import figure_style, save_figure
@@ -216,8 +217,9 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
         axes[0][-1].legend(loc="lower right", fontsize=6)
         fig.suptitle("Recall@1@k, maximum inner-product search (paper Fig. 5, arXiv v1)", fontsize=9)
         fig.tight_layout()
-        paths = save_figure(fig, figures_dir, "ann_recall")
-    summary = Path(figures_dir) / "ann_recall_summary.md"
+        coverage = grid_coverage(cfg)
+        paths = save_figure(fig, figures_dir, "ann_recall", coverage)
+    summary = Path(figures_dir) / f"{coverage.stem('ann_recall')}_summary.md"
     summary.write_text(summary_markdown(df))
     return [*paths, summary]
 
@@ -285,8 +287,10 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
         suffix = _PAPER_IDS.get((row["paper_dataset"], row["method"]))
         if suffix is None or any(item["id"].endswith(suffix) for item in out):
             continue
+        real = row["dataset_name"] in ("glove200", "dbpedia_openai3_3072")
         out.append({"id": f"ann_recall.r1at1.2bit.{suffix}", "value": row["recall_at_1"],
-                    "detail": f"{row['method']} on {row['dataset_name']} (stand-in unless it is the real set)"})
+                    "detail": f"{row['method']} on {row['dataset_name']}",
+                    "substitute": "" if real else f"{row['dataset_name']} stands in for {row['paper_dataset']}"})
     return out
 
 

@@ -1,12 +1,25 @@
-"""Side-by-side check of reproduced numbers against the paper's (``experiments/paper_numbers.yaml``).
+"""Every number the paper prints, beside ours: the verdicts of ``results/comparison.md``.
 
-Each experiment module may define ``paper_comparison(df) -> list[dict]`` returning
-``{"id": <paper entry id>, "value": float, "detail": str}`` computed from its latest run's rows.
-:func:`compare` matches those to the paper entries and gives each a verdict:
+Inputs, both committed: ``experiments/paper_numbers.yaml`` (the paper's numbers, one table per paper
+figure / table, with tolerances and their reasons) and ``results/<dir>/results.csv`` with each run's
+record (``runs/<config_id>.json``, or ``config.json`` for a directory copied from another machine, such as
+``results/kernels/``). Nothing is recomputed: each experiment module's ``paper_comparison(df)`` turns a
+run's rows into ``{"id", "value", "detail"}`` items (optionally ``"se"``, the standard error of the value,
+and ``"substitute"``, what stands in for the paper's setting).
 
-* PASS    |reproduced − paper| ≤ max(relative · |paper|, absolute)
-* FAIL    outside that tolerance (an entry with ``known_discrepancy`` keeps FAIL but is explained)
-* MISSING no reproduced value (experiment not run, or its run lacks that setting)
+Verdict of one reproduced value against the paper's, in this order:
+
+* ``partial, not judged``  the run left out part of its config's grid (:mod:`experiments.coverage`), other
+  than the cells the paper number does not depend on (the experiment's ``cell_keys``);
+* ``PASS``                 inside the tolerance: ``|ours - paper| <= max(relative * |paper|, absolute)``, or
+  on the right side of a one-sided bound (``at_least`` / ``at_most``);
+* ``not judged (within 2 SE)``  outside the tolerance but within two standard errors of the paper's value;
+* ``FAIL-known``           outside, with a known discrepancy (an erratum, other hardware) explained in the notes;
+* ``FAIL``                 outside.
+
+A verdict on a run that records a substitution (another model, data set or dimension) says
+``(substitute)``. A paper number without a reproduced value is ``not reproducible here`` when its
+entry names why (and its substitute rows follow it), else ``MISSING`` with the reason.
 """
 
 from __future__ import annotations
@@ -14,7 +27,8 @@ from __future__ import annotations
 import importlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,236 +36,491 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from experiments.coverage import GridCoverage, grid_coverage
 from experiments.io import _ID_COLUMNS
 
 __all__ = [
     "PAPER_NUMBERS",
+    "VERSIONS",
+    "Tolerance",
+    "PaperTable",
     "PaperNumber",
-    "Comparison",
+    "PaperNumbers",
     "ExperimentRun",
+    "Reproduced",
+    "Comparison",
     "load_paper_numbers",
-    "latest_runs",
+    "load_runs",
     "compare",
     "render_markdown",
 ]
 
 PAPER_NUMBERS = Path(__file__).with_name("paper_numbers.yaml")
-VERSIONS = ("arXiv v1", "ICLR 2026")
+#: Where a number is printed: the paper's two versions, Google's blog, and the groups whose claims checks test.
+VERSIONS = ("arXiv v1", "ICLR 2026", "Google blog", "RaBitQ authors (arXiv 2604.19528)",
+            "DRIVE/EDEN authors (arXiv 2604.18555)")
+KINDS = ("printed", "substitute", "check")
+BOUNDS = ("two-sided", "at_least", "at_most")
+
+PASS, FAIL, FAIL_KNOWN = "PASS", "FAIL", "FAIL-known"
+WITHIN_SE = "not judged (within 2 SE)"
+PARTIAL = "partial, not judged"
+NOT_REPRODUCIBLE = "not reproducible here"
+MISSING = "MISSING"
+VERDICTS = (PASS, FAIL, FAIL_KNOWN, WITHIN_SE, PARTIAL, NOT_REPRODUCIBLE, MISSING)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close ours must be: ``max(relative * |paper|, absolute)`` either side, or a one-sided bound."""
+
+    relative: float = 0.0
+    absolute: float = 0.0
+    bound: str = "two-sided"
+    why: str = ""
+
+    def slack(self, paper: float) -> float:
+        return max(self.relative * abs(paper), self.absolute)
+
+    def admits(self, ours: float, paper: float) -> bool:
+        if self.bound == "at_least":
+            return ours >= paper - self.slack(paper)
+        if self.bound == "at_most":
+            return ours <= paper + self.slack(paper)
+        return abs(ours - paper) <= self.slack(paper)
+
+    def text(self) -> str:
+        parts = [f"{self.relative:.0%}"] if self.relative else []
+        parts += [f"±{self.absolute:g}"] if self.absolute else []
+        spread = " or ".join(parts)
+        if self.bound == "two-sided":
+            return spread or "exact"
+        return {"at_least": "≥ paper", "at_most": "≤ paper"}[self.bound] + (f" ({spread})" if spread else "")
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    """One paper figure or table: a section of the report."""
+
+    id: str
+    title: str
+    tolerance_why: str
 
 
 @dataclass(frozen=True)
 class PaperNumber:
-    """One number the paper reports, with where it is printed and how close a reproduction must be."""
+    """One number the paper prints (``kind="printed"``), or a row judged beside them: a ``substitute`` for a
+    printed number that cannot be reproduced here, or a ``check`` of a claim with no printed number."""
 
     id: str
+    table: str
     experiment: str
     quantity: str
     value: float
     version: str
     source: str
-    relative_tolerance: float = 0.0
-    absolute_tolerance: float = 0.0
-    note: str = ""
+    tolerance: Tolerance
+    kind: str = "printed"
+    substitute_for: str = ""
+    not_reproducible: str = ""
+    erratum: str = ""
     known_discrepancy: str = ""
+    note: str = ""
 
-    def tolerance(self) -> float:
-        return max(self.relative_tolerance * abs(self.value), self.absolute_tolerance)
 
-    def tolerance_text(self) -> str:
-        parts = []
-        if self.relative_tolerance:
-            parts.append(f"{self.relative_tolerance:.0%}")
-        if self.absolute_tolerance:
-            parts.append(f"±{self.absolute_tolerance:g}")
-        return " or ".join(parts) if parts else "exact"
+@dataclass(frozen=True)
+class PaperNumbers:
+    """The parsed paper-numbers file: tables in report order, numbers in file order, per-experiment settings."""
+
+    tables: tuple[PaperTable, ...]
+    numbers: tuple[PaperNumber, ...]
+    cell_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    missing: Mapping[str, str] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[PaperNumber]:
+        return iter(self.numbers)
+
+    @property
+    def printed(self) -> tuple[PaperNumber, ...]:
+        return tuple(n for n in self.numbers if n.kind == "printed")
+
+
+def _require(entry: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
+    missing = [key for key in keys if key not in entry]
+    if missing:
+        raise ValueError(f"{where} lacks {missing}")
+
+
+def _tolerance(raw: Any, where: str) -> Tolerance:
+    if not isinstance(raw, Mapping) or not set(raw) <= {"relative", "absolute", "bound", "why"}:
+        raise ValueError(f"{where}: tolerance must map relative / absolute / bound / why, got {raw!r}")
+    tolerance = Tolerance(float(raw.get("relative", 0.0)), float(raw.get("absolute", 0.0)),
+                          str(raw.get("bound", "two-sided")), str(raw.get("why", "")))
+    if tolerance.bound not in BOUNDS:
+        raise ValueError(f"{where}: tolerance bound must be one of {BOUNDS}, got {tolerance.bound!r}")
+    if tolerance.bound == "two-sided" and not (tolerance.relative or tolerance.absolute):
+        raise ValueError(f"{where}: a two-sided tolerance needs a relative and/or absolute width")
+    return tolerance
+
+
+def load_paper_numbers(path: str | Path = PAPER_NUMBERS) -> PaperNumbers:
+    """Parse and validate the paper-numbers YAML: unique ids, known tables / versions / kinds, numeric
+    values, substitutes pointing at printed numbers."""
+    raw = yaml.safe_load(Path(path).read_text())
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("entries"), list) or not isinstance(raw.get("tables"), list):
+        raise ValueError(f"{path}: expected a mapping with lists under 'tables' and 'entries'")
+    tables = []
+    for i, table in enumerate(raw["tables"]):
+        _require(table, ("id", "title", "tolerance_why"), f"{path}: table {i}")
+        tables.append(PaperTable(str(table["id"]), str(table["title"]), str(table["tolerance_why"])))
+    table_ids = {t.id for t in tables}
+    numbers: list[PaperNumber] = []
+    for i, entry in enumerate(raw["entries"]):
+        where = f"{path}: entry {i} ({entry.get('id', '?')!r})"
+        _require(entry, ("id", "table", "experiment", "quantity", "value", "version", "source", "tolerance"), where)
+        if entry["version"] not in VERSIONS or (entry.get("kind", "printed") == "printed" and entry["version"] not in VERSIONS[:3]):
+            raise ValueError(f"{where}: version must be one of {VERSIONS} (a printed number one of the first three), "
+                             f"got {entry['version']!r}")
+        if entry["table"] not in table_ids:
+            raise ValueError(f"{where}: table {entry['table']!r} is not under 'tables'")
+        kind = str(entry.get("kind", "printed"))
+        if kind not in KINDS:
+            raise ValueError(f"{where}: kind must be one of {KINDS}, got {kind!r}")
+        if (kind == "substitute") != ("for" in entry):
+            raise ValueError(f"{where}: a substitute row names the printed number it stands for ('for'), and only it")
+        if not isinstance(entry["value"], (int, float)) or isinstance(entry["value"], bool):
+            raise ValueError(f"{where}: value must be a number, got {entry['value']!r}")
+        numbers.append(PaperNumber(
+            id=str(entry["id"]), table=str(entry["table"]), experiment=str(entry["experiment"]),
+            quantity=str(entry["quantity"]), value=float(entry["value"]), version=str(entry["version"]),
+            source=str(entry["source"]), tolerance=_tolerance(entry["tolerance"], where), kind=kind,
+            substitute_for=str(entry.get("for", "")), not_reproducible=str(entry.get("not_reproducible", "")),
+            erratum=str(entry.get("erratum", "")), known_discrepancy=str(entry.get("known_discrepancy", "")),
+            note=str(entry.get("note", "")),
+        ))
+    ids = [n.id for n in numbers]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ValueError(f"{path}: duplicate ids {duplicates}")
+    printed = {n.id for n in numbers if n.kind == "printed"}
+    dangling = [n.id for n in numbers if n.kind == "substitute" and n.substitute_for not in printed]
+    if dangling:
+        raise ValueError(f"{path}: substitute rows {dangling} stand for no printed number")
+    experiments = raw.get("experiments") or {}
+    return PaperNumbers(
+        tables=tuple(tables), numbers=tuple(numbers),
+        cell_keys={name: tuple(spec.get("cell_keys", ())) for name, spec in experiments.items()},
+        missing={name: str(spec["missing"]) for name, spec in experiments.items() if "missing" in spec},
+    )
 
 
 @dataclass(frozen=True)
 class ExperimentRun:
-    """The latest run of one experiment found under results/: its rows and its provenance."""
+    """One run found under ``results/<source>/``: its rows, its resolved config and provenance, its coverage."""
 
     experiment: str
+    source: str
     config_id: str
     frame: pd.DataFrame
-    provenance: dict[str, Any] = field(default_factory=dict)
-    scale: str | None = None
-    dataset: str | None = None
+    config: Mapping[str, Any]
+    provenance: Mapping[str, Any]
+    coverage: GridCoverage
+    updated: str = ""
+
+    @property
+    def scale(self) -> str:
+        return str((self.config.get("scale") or {}).get("name", ""))
+
+    @property
+    def label(self) -> str:
+        return f"{self.source}/{self.config_id}"
+
+
+def _run(source: str, frame: pd.DataFrame, record: Mapping[str, Any]) -> ExperimentRun:
+    config = record.get("config") or {}
+    rows = frame[frame["config_id"] == record["config_id"]].reset_index(drop=True)
+    provenance = dict(record.get("provenance") or {})
+    rows.attrs["provenance"] = provenance
+    rows.attrs["config_id"] = record["config_id"]
+    return ExperimentRun(
+        experiment=str((config.get("experiment") or {}).get("name") or rows["experiment"].iloc[0]),
+        source=source, config_id=str(record["config_id"]), frame=rows, config=config, provenance=provenance,
+        coverage=grid_coverage(config), updated=str(record.get("updated", "")),
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a readable run record ({err})") from err
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: a run record is a JSON object, got {type(record).__name__}")
+    return record
+
+
+def load_runs(results_dir: str | Path) -> list[ExperimentRun]:
+    """Every run with rows under ``results_dir``: per ``<dir>/results.csv``, the runs its ``runs/*.json``
+    records name, or, for a directory without run records, the one run its ``config.json`` describes."""
+    runs = []
+    for csv_path in sorted(Path(results_dir).glob("*/results.csv")):
+        directory = csv_path.parent
+        try:
+            frame = pd.read_csv(csv_path, low_memory=False, dtype={c: str for c in _ID_COLUMNS})
+        except (pd.errors.ParserError, UnicodeDecodeError) as err:
+            raise ValueError(f"{csv_path}: not a readable results CSV ({err})") from err
+        if "config_id" not in frame or "experiment" not in frame:
+            raise ValueError(f"{csv_path}: a results CSV needs 'experiment' and 'config_id' columns")
+        present = set(frame["config_id"])
+        records = [_read_json(p) for p in sorted((directory / "runs").glob("*.json"))]
+        records = [r for r in records if r.get("config_id") in present]
+        if not records and (directory / "config.json").exists():
+            if len(present) != 1:
+                raise ValueError(f"{csv_path}: rows of {len(present)} configs but one config.json and no runs/ records")
+            records = [{"config_id": next(iter(present)), "config": _read_json(directory / "config.json")}]
+        runs += [_run(directory.name, frame, record) for record in records]
+    return runs
+
+
+@dataclass(frozen=True)
+class Reproduced:
+    """Our value for one paper number from one run."""
+
+    value: float
+    run: ExperimentRun
+    detail: str = ""
+    se: float | None = None
+    substitute: str = ""
+    partial: str = ""  # the reductions of the run this value depends on ("" when it covers the grid)
 
 
 @dataclass(frozen=True)
 class Comparison:
+    """A paper number and every value the committed runs give for it (best evidence first)."""
+
     paper: PaperNumber
-    reproduced: float | None
-    detail: str = ""
-    config_id: str | None = None
+    values: tuple[Reproduced, ...] = ()
+    missing_reason: str = ""
 
     @property
-    def difference(self) -> float | None:
-        return None if self.reproduced is None else self.reproduced - self.paper.value
+    def primary(self) -> Reproduced | None:
+        return self.values[0] if self.values else None
+
+    def verdict_of(self, reproduced: Reproduced | None) -> str:
+        if reproduced is None or not math.isfinite(reproduced.value):
+            return NOT_REPRODUCIBLE if self.paper.not_reproducible else MISSING
+        if reproduced.partial:
+            return PARTIAL
+        tolerance, paper = self.paper.tolerance, self.paper.value
+        if tolerance.admits(reproduced.value, paper):
+            return PASS
+        se = reproduced.se
+        if tolerance.bound == "two-sided" and se is not None and math.isfinite(se) and abs(reproduced.value - paper) <= 2 * se:
+            return WITHIN_SE
+        return FAIL_KNOWN if self.paper.known_discrepancy else FAIL
 
     @property
     def verdict(self) -> str:
-        if self.reproduced is None or not math.isfinite(self.reproduced):
-            return "MISSING"
-        return "PASS" if abs(self.difference) <= self.paper.tolerance() else "FAIL"
+        return self.verdict_of(self.primary)
+
+    @property
+    def on_substitute(self) -> bool:
+        return bool(self.primary and self.primary.substitute)
 
     @property
     def unexplained_failure(self) -> bool:
-        return self.verdict == "FAIL" and not self.paper.known_discrepancy
+        return self.verdict == FAIL
 
 
-def load_paper_numbers(path: str | Path = PAPER_NUMBERS) -> list[PaperNumber]:
-    """Parse and validate the paper-numbers YAML (unique ids, a version label, a numeric value)."""
-    raw = yaml.safe_load(Path(path).read_text())
-    entries = raw.get("entries") if isinstance(raw, Mapping) else None
-    if not isinstance(entries, list):
-        raise ValueError(f"{path}: expected a mapping with a list under 'entries'")
-    numbers: list[PaperNumber] = []
-    seen: set[str] = set()
-    for i, entry in enumerate(entries):
-        where = f"{path}: entry {i} ({entry.get('id', '?')!r})"
-        for key in ("id", "experiment", "quantity", "value", "version", "source", "tolerance"):
-            if key not in entry:
-                raise ValueError(f"{where} lacks {key!r}")
-        if entry["version"] not in VERSIONS:
-            raise ValueError(f"{where}: version must be one of {VERSIONS}, got {entry['version']!r}")
-        if entry["id"] in seen:
-            raise ValueError(f"{where}: duplicate id")
-        seen.add(entry["id"])
-        tolerance = entry["tolerance"]
-        if not isinstance(tolerance, Mapping) or not set(tolerance) <= {"relative", "absolute"} or not tolerance:
-            raise ValueError(f"{where}: tolerance must map 'relative' and/or 'absolute' to numbers")
-        numbers.append(
-            PaperNumber(
-                id=str(entry["id"]),
-                experiment=str(entry["experiment"]),
-                quantity=str(entry["quantity"]),
-                value=float(entry["value"]),
-                version=str(entry["version"]),
-                source=str(entry["source"]),
-                relative_tolerance=float(tolerance.get("relative", 0.0)),
-                absolute_tolerance=float(tolerance.get("absolute", 0.0)),
-                note=str(entry.get("note", "")),
-                known_discrepancy=str(entry.get("known_discrepancy", "")),
-            )
-        )
-    return numbers
+def _path_pattern(key: str) -> re.Pattern[str]:
+    """A dotted config path pattern: ``*`` is one path segment, ``**`` any number of them."""
+    parts = (r"[^.]+" if part == "*" else ".+" if part == "**" else re.escape(part) for part in key.split("."))
+    return re.compile(r"\.".join(parts) + "$")
 
 
-def latest_runs(results_dir: str | Path) -> dict[str, ExperimentRun]:
-    """For every ``results/<experiment>/``, the most recently updated run that has rows."""
-    runs: dict[str, ExperimentRun] = {}
-    for csv_path in sorted(Path(results_dir).glob("*/results.csv")):
-        directory = csv_path.parent
-        frame = pd.read_csv(csv_path, low_memory=False, dtype={c: str for c in _ID_COLUMNS})
-        records = []
-        for run_path in (directory / "runs").glob("*.json"):
-            record = json.loads(run_path.read_text())
-            if (frame["config_id"] == record["config_id"]).any():
-                records.append(record)
-        if not records:
-            continue
-        latest = max(records, key=lambda r: r["updated"])
-        rows = frame[frame["config_id"] == latest["config_id"]].reset_index(drop=True)
-        rows.attrs["provenance"] = latest.get("provenance", {})
-        config = latest.get("config", {})
-        runs[directory.name] = ExperimentRun(
-            experiment=directory.name,
-            config_id=latest["config_id"],
-            frame=rows,
-            provenance=latest.get("provenance", {}),
-            scale=(config.get("scale") or {}).get("name"),
-            dataset=(config.get("dataset") or {}).get("name"),
-        )
-    return runs
+def _partial(run: ExperimentRun, cell_keys: Sequence[str]) -> str:
+    """The run's reductions that matter for its paper numbers (those outside the experiment's cell keys)."""
+    patterns = [_path_pattern(key) for key in cell_keys]
+    relevant = [r for r in run.coverage.reduced if not any(p.match(r.path) for p in patterns)]
+    return "; ".join(map(str, relevant))
 
 
-def _reproduced_values(run: ExperimentRun) -> dict[str, dict[str, Any]]:
+def _reproduced_values(run: ExperimentRun, known_ids: set[str], cell_keys: Sequence[str]) -> list[tuple[str, Reproduced]]:
     try:
         module = importlib.import_module(f"experiments.{run.experiment}")
-    except ModuleNotFoundError:
-        return {}
+    except ModuleNotFoundError as err:
+        if err.name == f"experiments.{run.experiment}":
+            return []
+        raise
     produce = getattr(module, "paper_comparison", None)
     if produce is None:
-        return {}
-    values: dict[str, dict[str, Any]] = {}
+        return []
+    partial = _partial(run, cell_keys)
+    substitution = str(run.provenance.get("substitution") or "")
+    out = []
     for item in produce(run.frame):
         if "id" not in item or "value" not in item:
             raise ValueError(f"experiments.{run.experiment}.paper_comparison returned {item!r}: needs id and value")
-        values[str(item["id"])] = dict(item)
-    return values
+        if item["id"] not in known_ids:
+            raise ValueError(f"experiments.{run.experiment}.paper_comparison returned id {item['id']!r}, "
+                             "which is not in the paper-numbers file")
+        se = item.get("se")
+        out.append((str(item["id"]), Reproduced(
+            value=float(item["value"]), run=run, detail=str(item.get("detail", "")),
+            se=None if se is None or not math.isfinite(float(se)) else float(se),
+            substitute=str(item.get("substitute") or substitution), partial=partial,
+        )))
+    return out
 
 
-def compare(numbers: Sequence[PaperNumber], runs: Mapping[str, ExperimentRun]) -> list[Comparison]:
-    """One :class:`Comparison` per paper number, in the paper file's order."""
-    known_ids = {n.id for n in numbers}
-    produced: dict[str, tuple[ExperimentRun, dict[str, Any]]] = {}
-    for run in runs.values():
-        for key, item in _reproduced_values(run).items():
-            if key not in known_ids:
-                raise ValueError(
-                    f"experiments.{run.experiment}.paper_comparison returned id {key!r}, "
-                    "which is not in the paper-numbers file"
-                )
-            produced[key] = (run, item)
+def _best_evidence_first(values: Sequence[Reproduced]) -> tuple[Reproduced, ...]:
+    """Full runs first, then the most recently updated, then by run label (stable sorts, last key first)."""
+    ordered = sorted(values, key=lambda r: r.run.label)
+    ordered = sorted(ordered, key=lambda r: r.run.updated, reverse=True)
+    return tuple(sorted(ordered, key=lambda r: bool(r.partial)))
+
+
+def compare(numbers: PaperNumbers, runs: Sequence[ExperimentRun]) -> list[Comparison]:
+    """One :class:`Comparison` per entry of the paper-numbers file, in its order."""
+    known = {n.id for n in numbers.numbers}
+    found: dict[str, list[Reproduced]] = {}
+    for run in runs:
+        for key, reproduced in _reproduced_values(run, known, numbers.cell_keys.get(run.experiment, ())):
+            found.setdefault(key, []).append(reproduced)
+    ran = {run.experiment for run in runs}
     comparisons = []
-    for number in numbers:
-        if number.id in produced:
-            run, item = produced[number.id]
-            comparisons.append(
-                Comparison(number, float(item["value"]), str(item.get("detail", "")), run.config_id)
-            )
-        else:
-            comparisons.append(Comparison(number, None))
+    for number in numbers.numbers:
+        values = _best_evidence_first(found.get(number.id, []))
+        reason = ""
+        if not values:
+            if number.experiment not in ran:
+                reason = numbers.missing.get(number.experiment) or f"no committed results of experiment {number.experiment!r}"
+            else:
+                labels = ", ".join(sorted(r.label for r in runs if r.experiment == number.experiment))
+                reason = f"the committed runs ({labels}) do not cover this setting"
+        comparisons.append(Comparison(number, values, reason))
     return comparisons
 
 
-def _cell(text: str) -> str:
+# --------------------------------------------------------------------------- report
+def _cell(text: Any) -> str:
     """Text safe inside a Markdown table cell (a literal pipe would split the cell)."""
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def _fmt(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return f"{value:.4g}"
+    return "—" if value is None or not math.isfinite(value) else f"{value:.4g}"
 
 
-def render_markdown(comparisons: Sequence[Comparison], runs: Mapping[str, ExperimentRun]) -> str:
-    """The comparison report: the side-by-side table, the notes, and the substitutions made."""
-    counts = {v: sum(c.verdict == v for c in comparisons) for v in ("PASS", "FAIL", "MISSING")}
-    known = sum(c.verdict == "FAIL" and bool(c.paper.known_discrepancy) for c in comparisons)
+def _verdict_text(comparison: Comparison, reproduced: Reproduced | None) -> str:
+    verdict = comparison.verdict_of(reproduced)
+    return verdict + (" (substitute)" if reproduced and reproduced.substitute and verdict != PARTIAL else "")
+
+
+def _evidence(comparison: Comparison, reproduced: Reproduced | None) -> str:
+    if reproduced is None:
+        return comparison.missing_reason or ""
+    parts = [reproduced.detail] if reproduced.detail else []
+    parts.append(f"run {reproduced.run.label} ({reproduced.run.scale or 'no scale'})")
+    if reproduced.partial:
+        parts.append(f"partial run: {reproduced.partial}")
+    return "; ".join(parts)
+
+
+def _row(comparison: Comparison, reproduced: Reproduced | None, label: str) -> str:
+    paper = comparison.paper
+    ours = None if reproduced is None else reproduced.value
+    difference = None if ours is None else ours - paper.value
+    se = None if reproduced is None else reproduced.se
+    return (f"| {_cell(label)} | {_cell(paper.quantity)} | {paper.version} | {paper.value:g} | {_fmt(ours)} | "
+            f"{_fmt(se)} | {_fmt(difference)} | {_cell(paper.tolerance.text())} | {_verdict_text(comparison, reproduced)} "
+            f"| {_cell(_evidence(comparison, reproduced))} |")
+
+
+def _summary(comparisons: Sequence[Comparison], kind: str) -> str:
+    chosen = [c for c in comparisons if c.paper.kind == kind]
+    counts = {v: sum(c.verdict == v for c in chosen) for v in VERDICTS}
+    text = " · ".join(f"{v} {counts[v]}" for v in VERDICTS if counts[v] or v in (PASS, FAIL, MISSING))
+    substitutes = sum(c.on_substitute for c in chosen)
+    return f"{len(chosen)} rows: {text}" + (f" ({substitutes} of the verdicts on a substitute)" if substitutes else "")
+
+
+def render_markdown(numbers: PaperNumbers, comparisons: Sequence[Comparison], runs: Sequence[ExperimentRun]) -> str:
+    """The report: summary, one table per paper figure / table, the notes, and the runs read."""
     lines = [
         "# Reproduced numbers vs the paper",
         "",
-        f"PASS {counts['PASS']} · FAIL {counts['FAIL']} ({known} known, explained in the notes) · "
-        f"MISSING {counts['MISSING']} "
-        "(PASS: |reproduced − paper| ≤ tolerance; tolerance = max(relative·|paper|, absolute)).",
+        "Generated by `make check` (`scripts/compare_to_paper.py`) from the committed results alone; "
+        "`experiments/compare.py` defines the verdicts, `experiments/paper_numbers.yaml` the paper's numbers.",
         "",
-        "| id | quantity | paper | version | source | reproduced | difference | tolerance | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"- **Printed numbers** (arXiv v1, ICLR 2026, Google's blog): {_summary(comparisons, 'printed')}",
+        f"- **Substitute rows** (the closest quantity reproducible here, beside the printed row): "
+        f"{_summary(comparisons, 'substitute')}",
+        f"- **Checks** (claims without a printed number): {_summary(comparisons, 'check')}",
+        "",
+        "PASS: |ours − paper| ≤ tolerance = max(relative·|paper|, absolute), or on the right side of a one-sided "
+        "bound. Within 2 standard errors (SE) of the paper but outside the tolerance: not judged. "
+        "A run that left out part of its config's grid: partial, not judged. (substitute): the run used another "
+        "model, data set or dimension than the paper (named in the runs table).",
     ]
+    missing = [c for c in comparisons if c.verdict == MISSING]
+    if missing:
+        lines += ["", "MISSING rows and why:", ""]
+        reasons: dict[str, list[str]] = {}
+        for c in missing:
+            reasons.setdefault(c.missing_reason, []).append(c.paper.id)
+        lines += [f"- {reason}: {len(ids)} rows ({', '.join(ids)})" for reason, ids in reasons.items()]
+    by_table: dict[str, list[Comparison]] = {}
     for c in comparisons:
-        verdict = c.verdict + (" (known)" if c.verdict == "FAIL" and c.paper.known_discrepancy else "")
-        lines.append(
-            f"| {c.paper.id} | {_cell(c.paper.quantity)} | {c.paper.value:g} | {c.paper.version} | {_cell(c.paper.source)} "
-            f"| {_fmt(c.reproduced)} | {_fmt(c.difference)} | {c.paper.tolerance_text()} | {verdict} |"
-        )
-    notes = [c for c in comparisons if c.paper.note or c.paper.known_discrepancy or c.detail]
+        by_table.setdefault(c.paper.table, []).append(c)
+    substitutes: dict[str, list[Comparison]] = {}
+    for c in comparisons:
+        if c.paper.kind == "substitute":
+            substitutes.setdefault(c.paper.substitute_for, []).append(c)
+    header = ["| id | quantity | version | paper | ours | ± SE | difference | tolerance | verdict | evidence |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for table in numbers.tables:
+        rows = by_table.get(table.id, [])
+        if not rows:
+            continue
+        printed = [c for c in rows if c.paper.kind == "printed"]
+        count = {0: "No printed number", 1: "1 printed number"}.get(len(printed), f"{len(printed)} printed numbers")
+        extra = len(rows) - len(printed)
+        count += f" and {extra} {'row' if extra == 1 else 'rows'} beside them" if printed and extra else ""
+        count += f"; {extra} {'check' if extra == 1 else 'checks'}" if not printed else ""
+        lines += ["", f"## {table.title}", "", f"{count}. Tolerance: {table.tolerance_why}.", ""]
+        why: dict[str, list[str]] = {}
+        for c in rows:
+            if c.paper.tolerance.why:
+                why.setdefault(c.paper.tolerance.why, []).append(f"`{c.paper.id}`")
+        lines += [f"Tolerance of {', '.join(ids)}: {reason}." for reason, ids in why.items()] + ([""] if why else [])
+        not_reproducible = {c.paper.not_reproducible for c in printed if c.paper.not_reproducible}
+        lines += [f"Not reproducible here: {reason}." for reason in sorted(not_reproducible)]
+        lines += [""] + header if not_reproducible else header
+        for c in rows:
+            if c.paper.kind == "substitute":
+                continue  # rendered right after the printed number it stands for
+            for s in [c, *substitutes.get(c.paper.id, [])]:
+                label = s.paper.id if s is c else f"↳ substitute: {s.paper.id}"
+                lines.append(_row(s, s.primary, label))
+                lines += [_row(s, other, f"↳ {s.paper.id}, other run") for other in s.values[1:]]
+    notes: dict[str, list[str]] = {}  # one line per text, naming every row it applies to
+    for c in comparisons:
+        for label, text in (("", c.paper.note), ("erratum: ", c.paper.erratum),
+                            ("known discrepancy: ", c.paper.known_discrepancy)):
+            if text:
+                notes.setdefault(label + text, []).append(f"`{c.paper.id}`")
     if notes:
-        lines += ["", "## Notes", ""]
-        for c in notes:
-            text = "; ".join(t for t in (c.detail, c.paper.note) if t)
-            if c.paper.known_discrepancy:
-                text += ("; " if text else "") + f"known discrepancy: {c.paper.known_discrepancy}"
-            lines.append(f"- `{c.paper.id}`: {text}")
-    lines += ["", "## Runs used and substitutions", ""]
+        lines += ["", "## Notes, errata and known discrepancies", ""]
+        lines += [f"- {', '.join(ids)}: {text}" for text, ids in notes.items()]
+    lines += ["", "## Runs read", ""]
     if not runs:
         lines.append("No results found: run the experiments first (`make figures`).")
     else:
-        lines += ["| experiment | config_id | scale | data / model used | substitution |", "|---|---|---|---|---|"]
-        for run in runs.values():
-            used = run.provenance.get("description") or run.provenance.get("dataset") or run.dataset or "—"
-            substitution = run.provenance.get("substitution") or "none"
-            lines.append(f"| {run.experiment} | {run.config_id} | {run.scale} | {_cell(used)} | {_cell(substitution)} |")
+        lines += ["| run | experiment | scale | grid | data / model used | substitution |", "|---|---|---|---|---|---|"]
+        for run in runs:
+            used = run.provenance.get("description") or run.provenance.get("dataset") or "—"
+            grid = "full" if run.coverage.full else f"partial: {run.coverage.summary(limit=len(run.coverage.reduced))}"
+            lines.append(f"| {run.label} | {run.experiment} | {run.scale} | {_cell(grid)} | {_cell(used)} | "
+                         f"{_cell(run.provenance.get('substitution') or 'none')} |")
     return "\n".join(lines) + "\n"

@@ -24,6 +24,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 import turboquant as tq
+from experiments.coverage import grid_coverage
 from experiments.io import ResultStore
 from experiments.plotting import METHOD_COLORS, figure_style, figure_title, save_figure
 from experiments.quantized_embeddings import (
@@ -140,7 +141,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
         ax_mse.set_ylabel("mean squared error $D_{mse}$\n" r"$E\|x-\tilde x\|^2$")
         ax_mse.set_title("(b) mean squared error, ‖x‖ = 1")
         fig.suptitle(figure_title("TurboQuant distortion vs bit width (paper Fig. 3)", provenance))
-        return save_figure(fig, figures_dir, f"fig3_distortion_{cfg.dataset.name}")
+        return save_figure(fig, figures_dir, f"fig3_distortion_{cfg.dataset.name}", grid_coverage(cfg))
 
 
 def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 import turboquant as tq
+from experiments.coverage import grid_coverage
 from experiments.io import ResultStore
 from experiments.plotting import METHOD_COLORS, figure_style, figure_title, save_figure
 from experiments.quantized_embeddings import (
@@ -201,7 +202,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
             fig.text(0.5, -0.01, f"* mean error over {int(seed_rows['n_pairs'].iloc[0]):,} pairs, averaged over "
                      "independent quantizer seeds (Π, S) ± its standard error: unbiasedness is an expectation "
                      "over that randomness; histograms use one seed.", ha="center", va="top", fontsize=7)
-        return save_figure(fig, figures_dir, f"fig1_ip_histogram_{cfg.dataset.name}")
+        return save_figure(fig, figures_dir, f"fig1_ip_histogram_{cfg.dataset.name}", grid_coverage(cfg))
 
 
 def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from experiments.coverage import grid_coverage
 from experiments.io import ResultStore
 from experiments.ip_histogram import error_range
 from experiments.plotting import METHOD_COLORS, figure_style, figure_title, save_figure
@@ -166,4 +167,4 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
         fig.legend(handles, labels, loc="outside lower center", ncol=n_buckets,
                    title="buckets of pairs by their inner product (labelled by the bucket's average)")
         fig.suptitle(figure_title(f"Inner-product error by similarity bucket, b = {bits} (paper Fig. 2)", provenance))
-        return save_figure(fig, figures_dir, f"fig2_ip_variance_{cfg.dataset.name}")
+        return save_figure(fig, figures_dir, f"fig2_ip_variance_{cfg.dataset.name}", grid_coverage(cfg))

@@ -49,6 +49,7 @@ import torch
 from matplotlib.colors import LinearSegmentedColormap
 from tqdm.auto import tqdm
 
+from experiments.coverage import GridCoverage, grid_coverage
 from experiments.data.haystack import load_haystack
 from experiments.io import STORE_COLUMNS, ResultStore, config_to_dict, experiment_sizes
 from experiments.kv_generation import (KVMethod, answer_logprobs, generate_with_cache, kv_methods,
@@ -70,6 +71,7 @@ __all__ = [
     "plot",
     "summary_table",
     "paper_comparison",
+    "cell_standard_error",
 ]
 
 #: Version of the prompt protocol, part of every cell's unit: 2 = exact-length token prompts, memory budgets at
@@ -518,10 +520,12 @@ def _paper_scores() -> dict[str, float]:
 
 
 def write_tables(df: pd.DataFrame, cfg: Any, directory: Path) -> list[Path]:
-    """``summary_<model>.csv`` and ``.md`` in the experiment's results folder (one pair per model)."""
+    """``summary_<model>.csv`` and ``.md`` in the experiment's results folder (one pair per model;
+    ``summary_<model>_partial.*`` for a run that left out part of its config's grid)."""
     table = summary_table(df, list(cfg.experiment.methods))
+    coverage = grid_coverage(cfg)
     directory.mkdir(parents=True, exist_ok=True)
-    stem = f"summary_{df['model'].iloc[0]}"
+    stem = coverage.stem(f"summary_{df['model'].iloc[0]}")
     csv_path, md_path = directory / f"{stem}.csv", directory / f"{stem}.md"
     table.to_csv(csv_path, index=False)
     contexts = sorted(int(c) for c in df["context"].unique())
@@ -551,8 +555,23 @@ def write_tables(df: pd.DataFrame, cfg: Any, directory: Path) -> list[Path]:
     return [csv_path, md_path]
 
 
+#: Compression figures (paper_numbers.yaml, table "compression"): (paper id, configured method key or
+#: paper row, measured column, statistic over the run's cells).
+_COMPRESSION_ROWS = (("compression.turboquant_3p5", "turboquant_3p5", "compression_ratio", "min"),
+                     ("compression.at_least_6x", "turboquant_2p5", "compression_ratio", "min"),
+                     ("compression.needle_budget", "paper:turboquant", "memory_ratio", "max"))
+
+
+def cell_standard_error(rows: pd.DataFrame) -> float:
+    """Standard error of a method's mean score over its (context, depth) cells (each cell averaged over
+    seeds first): the sampling error of comparing the grid's mean with the paper's; NaN with one cell."""
+    per_cell = rows.groupby(["context", "depth"])["score"].mean()
+    return float(per_cell.std(ddof=1) / math.sqrt(len(per_cell))) if len(per_cell) > 1 else float("nan")
+
+
 def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Mean needle score of each method that stands for one of the paper's (``paper_method`` set).
+    """Mean needle score of each method that stands for one of the paper's (``paper_method`` set), with its
+    standard error over cells, and the cache's measured compression for the paper's compression figures.
 
     Only the cells of the latest run's grid and method settings count (``unit_ids`` in the provenance).
     """
@@ -570,6 +589,7 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
             {
                 "id": f"needle.score.{paper_method}",
                 "value": float(rows["score"].mean()),
+                "se": cell_standard_error(rows),
                 "detail": (
                     f"{rows['method_label'].iloc[0]}, {len(rows)} cells (contexts "
                     f"{sorted(int(c) for c in rows['context'].unique())}), model {rows['model_label'].iloc[0]}, "
@@ -577,6 +597,13 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
                 ),
             }
         )
+    for paper_id, method, column, statistic in _COMPRESSION_ROWS:
+        rows = (df[df["paper_method"] == method.removeprefix("paper:")] if method.startswith("paper:")
+                else df[df["method"] == method])
+        if len(rows):
+            out.append({"id": paper_id, "value": float(rows[column].agg(statistic)),
+                        "detail": f"{rows['method_label'].iloc[0]}, {statistic} {column} over {len(rows)} cells, "
+                                  f"model {rows['model_label'].iloc[0]}"})
     return out
 
 
@@ -637,4 +664,4 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
                 provenance,
             )
         )
-        return save_figure(fig, figures_dir, f"fig4_needle_{cfg.model.name}")
+        return save_figure(fig, figures_dir, f"fig4_needle_{cfg.model.name}", grid_coverage(cfg))

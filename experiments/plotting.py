@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -16,6 +16,9 @@ matplotlib.use("Agg")  # figures are files; never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 
 __all__ = ["STYLE", "METHOD_COLORS", "figure_style", "save_figure", "figure_title"]
+
+if TYPE_CHECKING:
+    from experiments.coverage import GridCoverage
 
 #: Shared rcParams: readable at column width in a paper, consistent across experiments.
 STYLE: dict[str, object] = {
@@ -76,8 +79,19 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name)
 
 
-def save_figure(fig: matplotlib.figure.Figure, figures_dir: str | Path, name: str) -> list[Path]:
-    """Write ``fig`` as ``<figures_dir>/<name>.png`` and ``.pdf``; close it; return both paths."""
+def save_figure(
+    fig: matplotlib.figure.Figure, figures_dir: str | Path, name: str, coverage: GridCoverage | None = None
+) -> list[Path]:
+    """Write ``fig`` as ``<figures_dir>/<name>.png`` and ``.pdf``; close it; return both paths.
+
+    ``coverage`` (:func:`experiments.coverage.grid_coverage` of the run's config) labels a run that left
+    out part of its config's grid: the files become ``<name>_partial.*`` and the title says what was
+    left out, so a reduced run never overwrites the figure of a full one. Every experiment's ``plot``
+    passes it.
+    """
+    if coverage is not None and not coverage.full:
+        name = coverage.stem(name)
+        fig.suptitle(coverage.title(fig.get_suptitle()), color="#b00000")
     directory = Path(figures_dir)
     directory.mkdir(parents=True, exist_ok=True)
     stem = _safe_name(name)

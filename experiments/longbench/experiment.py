@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from experiments.coverage import grid_coverage
 from experiments.io import ResultStore, config_to_dict, experiment_sizes
 from experiments.kv_generation import generate_with_cache, kv_methods, with_current_labels
 from experiments.longbench.data import DataSpec, data_spec_from_config, describe_data, load_samples
@@ -379,7 +380,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: Path) -> list[Path]:
         provenance = df.attrs.get("provenance") or {"description": f"model: {df['model_label'].iloc[0]}; data: {df['data'].iloc[0]}"}
         fig.suptitle(figure_title(f"LongBench-E by category ({samples}+ samples per dataset and method)", provenance),
                      fontsize=9)
-        return save_figure(fig, figures_dir, "longbench")
+        return save_figure(fig, figures_dir, "longbench", grid_coverage(cfg))
 
 
 # --------------------------------------------------------------------------- paper comparison
@@ -424,6 +425,7 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
             continue
         if key in _PAPER_KEY:
             rows.append({"id": f"longbench.avg_delta.{key}", "value": float(row["delta_vs_full"]),
+                         "se": float(row["delta_se"]),  # paired over samples: within 2 SE is not judged
                          "detail": f"{row['method_label']} Average − full cache Average ({where})"})
         if real:
             ids = [f"longbench.average.{key}"] + (["longbench.average.turboquant_2.5.iclr"] if key == "turboquant_2.5" else [])

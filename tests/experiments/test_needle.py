@@ -174,8 +174,9 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
     snap = df[df["method"] == "snapkv"]
     assert full["memory_ratio"].round(6).eq(1.0).all(), "the full cache is the 16-bit reference"
     assert (snap["memory_ratio"] < 0.5).all(), "SnapKV keeps a fraction of the prompt"
-    assert (store.directory / "summary_tiny.csv").exists() and (store.directory / "summary_tiny.md").exists()
-    summary = pd.read_csv(store.directory / "summary_tiny.csv")
+    stem = "summary_tiny_partial"  # this grid is not configs/experiment/needle.yaml's (experiments.coverage)
+    assert (store.directory / f"{stem}.csv").exists() and (store.directory / f"{stem}.md").exists()
+    summary = pd.read_csv(store.directory / f"{stem}.csv")
     assert list(summary["method"]) == ["full", "snapkv", "tq"]
     assert list(summary["seeds"]) == [1, 1, 2]
     assert summary.loc[0, "paper_score_arxiv_v1"] == pytest.approx(0.997)
