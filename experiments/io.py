@@ -253,7 +253,9 @@ class ResultStore:
         experiment: str,
         config: Any,
         result_keys: Sequence[str] | None = None,
+        read_only: bool = False,
     ) -> None:
+        """``read_only``: a store that reads rows and run records but writes nothing (``scripts/replot.py``)."""
         if not experiment or not all(c.isalnum() or c in "_-" for c in experiment):
             raise ValueError(f"experiment name must be a non-empty [A-Za-z0-9_-] string, got {experiment!r}")
         self.experiment = experiment
@@ -272,7 +274,9 @@ class ResultStore:
             "scale": self._config_value("scale", "name"),
             "seed": self.config.get("seed"),
         }
-        self._write_run_record()
+        self.read_only = read_only
+        if not read_only:
+            self._write_run_record()
 
     # ------------------------------------------------------------------ identity
     def _config_value(self, group: str, key: str) -> Any:
@@ -290,6 +294,8 @@ class ResultStore:
 
     # ------------------------------------------------------------------ records
     def _write_run_record(self, provenance: Mapping[str, Any] | None = None) -> None:
+        if self.read_only:
+            raise ValueError(f"{self.run_path}: this store is read-only (it reads stored results, writes nothing)")
         with _locked(self._lock_path):
             record: dict[str, Any] = {}
             if self.run_path.exists():
@@ -352,6 +358,8 @@ class ResultStore:
 
     def save_unit(self, unit: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
         """Append a unit's rows (each merged with the unit keys and the run context) atomically."""
+        if self.read_only:
+            raise ValueError(f"{self.csv_path}: this store is read-only (it reads stored results, writes nothing)")
         unit_id = self.unit_id(unit)
         if not rows:
             raise ValueError(f"unit {dict(unit)} produced no rows; a unit must record at least one measurement")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 runs of the LLM experiments (results/needle_h200/README.md), one stage per device call:
+# The H200 runs of the LLM experiments (results/needle/README.md), one stage per device call:
 #   bash scripts/h200_llm.sh setup            # wheels, the ferried GGUF parts -> one checked file, bf16 conversion
 #   bash scripts/h200_llm.sh needle SECONDS   # Fig. 4 grid (4K-32K x 11 depths), resumable, stops after SECONDS
 #   bash scripts/h200_llm.sh ablation SECONDS # kv_ablation at 16K x 11 depths x 10 seeds, resumable

@@ -26,7 +26,7 @@ def main(overrides: list[str]) -> None:
         cfg = compose("config", overrides=overrides)
     module = load_experiment(cfg.experiment.name)
     store = ResultStore(resolve_path(cfg.paths.results_dir), cfg.experiment.name, cfg,
-                        result_keys=getattr(module, "RESULT_KEYS", None))
+                        result_keys=getattr(module, "RESULT_KEYS", None), read_only=True)
     frame = module.stored_frame(cfg, store) if hasattr(module, "stored_frame") else store.frame()
     if frame.empty:
         raise SystemExit(f"no stored rows of this config (config_id {store.config_id}) in {store.csv_path}")
