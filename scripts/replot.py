@@ -1,6 +1,6 @@
 """Tables and figures of one experiment from its stored results, computing nothing.
 
-    python scripts/replot.py experiment=needle model=qwen25_coder_15b scale=gpu paths.results_dir=results/needle_h200
+    python scripts/replot.py experiment=kv_ablation model=qwen25_coder_15b scale=gpu
 
 takes the same overrides as ``run.py`` (the config decides which stored rows are this run's, as in ``run.py``), reads
 ``<results_dir>/<experiment>/results.csv``, and calls the experiment's ``write_tables`` (if it has one) and ``plot``.
