@@ -391,7 +391,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         for method, seed in runs:
             pending = [d for d in depths if not store.is_done(unit_of(method, context, d))]
             batches += [(method, seed, context, pending[i:i + batch_size]) for i in range(0, len(pending), batch_size)]
-    failures: list[str] = []
+    failures: dict[str, str] = {}  # method key -> what went wrong
     if batches:
         torch.manual_seed(int(cfg.seed))
         loaded = load_model(spec, device=cfg.scale.device)
@@ -399,14 +399,14 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         store.record_provenance(**_describe(loaded, haystack.source))
         builder = PromptBuilder(loaded.tokenizer, haystack.text, task)
         for method, seed, context, batch_depths in tqdm(batches, desc=f"needle batches (<= {batch_size} cells)"):
-            prompts = [builder.build(context, depth) for depth in batch_depths]
-            if any(failed.startswith(f"{method.key} ") for failed in failures):
+            if method.key in failures:
                 continue  # this method already failed: its other batches would fail the same way
+            prompts = [builder.build(context, depth) for depth in batch_depths]
             try:
                 results = run_batch(loaded, prompts, method.cache, method.options, max_new_tokens)
             except (RuntimeError, ValueError) as error:  # the other methods' cells are still worth computing
-                failures.append(f"{method.key} (seed {seed}, context {context}): {type(error).__name__}: {error}")
-                tqdm.write(f"needle: {failures[-1]}")
+                failures[method.key] = f"{method.key} (seed {seed}, context {context}): {type(error).__name__}: {error}"
+                tqdm.write(f"needle: {failures[method.key]}")
                 continue
             if score_logprob:
                 answers = ([r["answer"] for r in results] if method.key == reference.key else
@@ -436,12 +436,12 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         tqdm.write("needle: re-scored stored answers with the current scorer")
     # the cells of this run's grid and methods: paper_comparison keeps only these rows of the config
     store.record_provenance(unit_ids=[store.unit_id(unit) for unit in units])
-    frame = with_current_labels(store.frame(units), methods)
+    frame = stored_frame(cfg, store)
     if not frame.empty:
         write_tables(frame, cfg, store.directory)
     if failures:
         raise RuntimeError(f"needle: {len(failures)} method(s) failed (every other cell is stored; rerun to "
-                           "resume):\n  " + "\n  ".join(failures))
+                           "resume):\n  " + "\n  ".join(failures.values()))
     return frame
 
 
