@@ -93,25 +93,17 @@ def test_ctrl_c_prints_one_line_and_keeps_the_stored_units(tmp_path: Path, monke
 
 
 @pytest.mark.slow
-def test_joblib_multirun_runs_each_cell_as_a_job_and_resumes(tmp_path: Path) -> None:
-    """Two jobs (rotations) in parallel processes append to one store; figures go to each job's own folder
-    (git-ignored multirun/), and the same sweep again recomputes nothing."""
+def test_joblib_multirun_runs_each_cell_as_a_job_into_one_store(tmp_path: Path) -> None:
+    """Two jobs (rotations) in parallel worker processes append to one store (each skips the units stored, as
+    every run does)."""
     sweep = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY_DISTORTION,
              "quantizer.rotation=haar,hadamard"]
     done = run_cli(tmp_path, *sweep)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Joblib.Parallel(n_jobs=2" in done.stdout + done.stderr
     df = pd.read_csv(tmp_path / "results" / "distortion" / "results.csv")
-    assert sorted(df["rotation"]) == ["hadamard", "haar"] and df["config_id"].nunique() == 2
-    pngs = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.png"))
-    assert [p.parts[0] for p in pngs] == ["multirun", "multirun"], pngs
-    assert {p.parts[1] for p in pngs} == {"0", "1"} and not (tmp_path / "figures").exists()
-
-    csv = tmp_path / "results" / "distortion" / "results.csv"
-    written = csv.stat().st_mtime_ns
-    again = run_cli(tmp_path, *sweep)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert csv.stat().st_mtime_ns == written, "the rerun must find every unit stored and write nothing"
+    assert set(df["rotation"]) == {"haar", "hadamard"} and len(df) == 4 and df["config_id"].nunique() == 2
+    assert len(list((tmp_path / "multirun").glob("*/figures/*.png"))) == 2  # layout: test_framework.py
 
 
 def test_slurm_cluster_launcher_composes_onto_submitit() -> None:
