@@ -7,7 +7,7 @@ method's options — exactly the ``options:`` of ``configs/method/*.yaml`` and o
 :mod:`turboquant.kvcache.factory` for every option). The cache goes to ``generate`` as any other::
 
     cache = TurboQuantCache(model.config, bits=3.5)
-    out = model.generate(**inputs, cache=cache, max_new_tokens=32)   # transformers < 5.24: past_key_values=cache
+    out = model.generate(**inputs, cache=cache, max_new_tokens=32)   # or the older past_key_values=cache
     cache.memory_ratio(), cache.bits_per_value()
 
 A cache holds one conversation: build a new one per prompt. The eviction caches (:class:`SnapKVCache`,
