@@ -1,5 +1,8 @@
 # turboquant-repro: every target sets itself up on first use (venv + pinned installs).
-#   make test      the test suite (CPU; Triton kernels run under TRITON_INTERPRET=1)
+# Any other run: ./tq <run.py arguments> (the same venv, set up the same way).
+#   make test         the test suite (CPU; Triton kernels run under TRITON_INTERPRET=1)
+#   make smoke        every CPU experiment at scale=smoke (tiny sizes, the shipped data and SmolLM2-135M):
+#                     checks that each runs end to end; writes to results/smoke/
 #   make figures      the embedding experiments (Figs. 1-3, 5, Table 2) at scale=quick on the shipped data,
 #                     then the comparison report
 #   make figures-llm  the LLM experiments (needle Fig. 4, LongBench-style Table 1) at scale=quick with the
@@ -28,7 +31,7 @@ DATA_PACKAGES := \
 EMBEDDING_EXPERIMENTS := distortion,ip_histogram,ip_variance,ann_recall,ann_indexing_time
 LLM_EXPERIMENTS       := needle,longbench
 
-.PHONY: setup data test figures figures-llm check kernels clean-results
+.PHONY: setup data test smoke figures figures-llm check kernels clean-results
 
 setup: $(STAMP)
 
@@ -50,6 +53,9 @@ $(DATA): $(STAMP) Makefile
 # algebra by an order of magnitude).
 test: setup data
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n 2 -q
+
+smoke: setup data
+	$(PY) run.py -m experiment=$(EMBEDDING_EXPERIMENTS),$(LLM_EXPERIMENTS) scale=smoke
 
 figures: setup data
 	$(PY) run.py -m experiment=$(EMBEDDING_EXPERIMENTS) scale=quick

@@ -308,6 +308,13 @@ def _paper_markdown() -> str:
     return _markdown(frame.set_index("model"), "model")
 
 
+def benchmark_name(df: pd.DataFrame) -> str:
+    """What the rows measure, for titles: "LongBench-E" only when every row comes from the real data."""
+    if (df["data_source"] == "embedded").any():
+        return "LongBench-style substitute tasks"
+    return "LongBench-E"
+
+
 def write_tables(df: pd.DataFrame, directory: Path) -> list[Path]:
     """``table.md`` (paper form + per-dataset + buckets, with model and data named) and CSVs beside it."""
     out = tables(df)
@@ -321,7 +328,7 @@ def write_tables(df: pd.DataFrame, directory: Path) -> list[Path]:
     data = df["data"].iloc[0]
     samples = int(out["counts"].min().min()) if not out["counts"].empty else 0
     lines = [
-        f"# LongBench-E table (paper Table 1 form) — model: {model}; data: {data}",
+        f"# {benchmark_name(df)}, paper Table 1 form — model: {model}; data: {data}",
         "",
         f"Scores ×100, {samples}+ samples per dataset and method. Average = mean over the 13 datasets "
         "(categories weighted 2,2,2,3,2,2), as in the paper.",
@@ -378,8 +385,8 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: Path) -> list[Path]:
             ax_delta.set_visible(False)
         samples = int(df.groupby(["task", "method"]).size().min())
         provenance = df.attrs.get("provenance") or {"description": f"model: {df['model_label'].iloc[0]}; data: {df['data'].iloc[0]}"}
-        fig.suptitle(figure_title(f"LongBench-E by category ({samples}+ samples per dataset and method)", provenance),
-                     fontsize=9)
+        fig.suptitle(figure_title(f"{benchmark_name(df)} by LongBench category ({samples}+ samples per task and "
+                                  "method)", provenance), fontsize=9)
         return save_figure(fig, figures_dir, "longbench", grid_coverage(cfg))
 
 

@@ -48,8 +48,8 @@ def build_tokenizer(training_text: str):
     return fast
 
 
-def save_tiny_llama(folder: Path, seed: int = 0) -> Path:
-    """Write a 2-layer random Llama (4 heads, 2 KV heads, head_dim 16) and its tokenizer into ``folder``."""
+def save_tiny_llama(folder: Path, seed: int = 0, head_dim: int = 16) -> Path:
+    """Write a 2-layer random Llama (4 heads, 2 KV heads, ``head_dim``) and its tokenizer into ``folder``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tokenizer(haystack_text(50) + " The best thing to do in San Francisco is eat a sandwich.")
@@ -61,7 +61,7 @@ def save_tiny_llama(folder: Path, seed: int = 0) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=head_dim,
         max_position_embeddings=4096,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -141,8 +141,9 @@ def test_a_killed_run_resumes_from_its_finished_units(tmp_path: Path, monkeypatc
         return original(quantizer, data, pair_chunk)
 
     monkeypatch.setattr(distortion, "measure_distortion", dies_on_second_unit)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(run.Interrupted, match="stopped after 1 unit;") as stopped:
         run.run_experiment(cfg)
+    assert stopped.value.units == 1
     csv = tmp_path / "results" / "distortion" / "results.csv"
     assert list(pd.read_csv(csv)["bits"]) == [1]  # the finished unit was saved whole
     calls.clear()
