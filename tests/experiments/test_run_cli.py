@@ -41,7 +41,7 @@ def test_help_lists_every_experiment_and_the_launchers(tmp_path: Path) -> None:
     experiments = done.stdout.split("== Experiments")[1].split("==", 2)[1]
     listed = [line.split()[0] for line in experiments.strip().splitlines()]
     assert sorted(listed) == EXPERIMENTS, "the help's experiment list must match configs/experiment/"
-    assert "scale: paper, quick, smoke" in done.stdout and "hydra/launcher=joblib" in done.stdout
+    assert "scale: gpu, paper, quick, smoke" in done.stdout and "hydra/launcher=joblib" in done.stdout
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
