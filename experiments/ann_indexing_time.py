@@ -130,7 +130,7 @@ def _throughput(index: VectorIndex, queries: np.ndarray, k: int, batches: list[i
         ids = []
         start = time.perf_counter()
         for first in range(0, n_timed, batch):
-            ids.append(index.search(timed[first : first + batch], k).ids)
+            ids.append(index.search(timed[first : first + batch], k)[1])
         elapsed = time.perf_counter() - start
         recall = recall_at_1_at_k(truth[:n_timed], np.concatenate(ids), [1, k])
         rows.append({"measure": "search", "batch": batch, "queries_timed": n_timed, "queries_per_s": n_timed / elapsed,

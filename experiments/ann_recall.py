@@ -132,7 +132,7 @@ def exact_top1(data: EmbeddingDataset) -> np.ndarray:
     """Ids of each query's true top-1 inner-product neighbour (faiss IndexFlatIP)."""
     exact = make_index("exact", data.dim)
     exact.add(data.base)
-    return exact.search(data.queries, 1).ids[:, 0]
+    return exact.search(data.queries, 1)[1][:, 0]
 
 
 def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
@@ -161,7 +161,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         for unit in tqdm(todo, desc=f"ann_recall {key}"):
             built = build_index(unit["method"], data.dim, unit["bits"], data.base, **_method_options(unit["method"], cfg))
             start = time.perf_counter()
-            ids = built.index.search(data.queries, ks[-1]).ids
+            _, ids = built.index.search(data.queries, ks[-1])
             search_s = time.perf_counter() - start
             recalls = recall_at_1_at_k(truth, ids, ks)
             common = {

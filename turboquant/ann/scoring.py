@@ -28,7 +28,9 @@ import torch
 
 import turboquant as tq
 
-__all__ = ["CodeDecoder", "dense_scores", "lut_scores", "lut_tables", "merge_top_k"]
+__all__ = ["CodeDecoder", "candidate_scores", "dense_scores", "lut_scores", "lut_tables", "merge_top_k"]
+
+_CANDIDATE_FLOATS = 1 << 22  # decoded floats per re-ranking step (16 MiB)
 
 
 class CodeDecoder:
@@ -74,6 +76,22 @@ def dense_scores(rotated_queries: np.ndarray, packed: np.ndarray, decoder: CodeD
     """(m, dim) rotated queries · decoded (n, ·) codes -> (m, n) unit-norm scores Σ_j t_j c[idx_j]."""
     queries = torch.from_numpy(np.ascontiguousarray(decoder.pad_queries(rotated_queries), dtype=np.float32))
     return queries @ torch.from_numpy(decoder.decode(packed)).T
+
+
+def candidate_scores(
+    rotated_queries: np.ndarray, packed: np.ndarray, candidates: np.ndarray, decoder: CodeDecoder
+) -> np.ndarray:
+    """(m, c) unit-norm scores Σ_j t_ij c[idx_j] of query i against the rows ``candidates[i]`` (m, c) of
+    ``packed`` (n, ·): the candidates' codes are gathered and decoded, a few queries at a time."""
+    queries = decoder.pad_queries(rotated_queries).astype(np.float32, copy=False)
+    m, c = candidates.shape
+    out = np.empty((m, c), np.float32)
+    step = max(1, _CANDIDATE_FLOATS // max(1, c * decoder.padded_dim))
+    for first in range(0, m, step):
+        rows = candidates[first : first + step]
+        decoded = decoder.decode(packed[rows.ravel()]).reshape(rows.shape[0], c, decoder.padded_dim)
+        out[first : first + step] = np.matmul(decoded, queries[first : first + step, :, None])[:, :, 0]
+    return out
 
 
 def lut_tables(rotated_queries: np.ndarray, decoder: CodeDecoder) -> np.ndarray:
