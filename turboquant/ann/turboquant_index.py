@@ -327,15 +327,38 @@ class TurboQuantIndex(VectorIndex):
         return np.concatenate(all_scores), np.concatenate(all_ids)
 
     def _fastscan_search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Fast-scan candidates, re-scored by the exact estimator; the best k of them."""
+        """Fast-scan candidates re-scored by the exact estimator; the best k of them.
+
+        A row outside the c candidates has a candidate score at most the c-th one, s_c, so its exact score
+        is at most ‖x‖_max · (s_c + ε), with ε the largest gap between candidate and exact unit-norm score
+        seen among the candidates (table quantization; for prod also w̄ for w(x)), doubled. Queries whose
+        k-th exact score does not beat that bound are searched again with 4× the candidates, until it
+        does or every row is a candidate. With unit-norm data the first round almost always suffices."""
         transformed = self._transform(queries)
-        _, candidates = self._fastscan.search(transformed, self.rerank_factor * k)
-        exact = self._candidate_scores(transformed, candidates)
-        order = np.argsort(-exact, axis=1, kind="stable")[:, :k]
-        return np.take_along_axis(exact, order, 1), np.take_along_axis(candidates, order, 1)
+        norms = self._host()["norms"]
+        high, low = float(norms.max()), float(norms.min())
+        out_scores = np.empty((queries.shape[0], k), np.float32)
+        out_ids = np.empty((queries.shape[0], k), np.int64)
+        todo, count = np.arange(queries.shape[0]), min(self.ntotal, self.rerank_factor * k)
+        while len(todo):
+            part = [t[todo] for t in transformed]
+            candidate, ids = self._fastscan.search(part, count)
+            unit = self._candidate_scores(part, ids)
+            exact = unit * norms[ids]
+            order = np.argsort(-exact, axis=1, kind="stable")[:, :k]
+            out_scores[todo] = np.take_along_axis(exact, order, 1)
+            out_ids[todo] = np.take_along_axis(ids, order, 1)
+            if count == self.ntotal:
+                break
+            margin = 2 * np.abs(candidate - unit).max(axis=1)
+            bound = candidate[:, -1] + margin
+            bound = np.where(bound > 0, high * bound, low * bound)
+            todo = todo[bound >= out_scores[todo, -1]]
+            count = min(self.ntotal, 4 * count)
+        return out_scores, out_ids
 
     def _candidate_scores(self, transformed: list[np.ndarray], candidates: np.ndarray) -> np.ndarray:
-        """(m, c) exact estimates ⟨q_i, x̃_j⟩ for the rows ``candidates[i]`` of each query i."""
+        """(m, c) exact unit-norm estimates ⟨q_i, x̃_j⟩ / ‖x_j‖ for the rows ``candidates[i]`` of query i."""
         arrays = self._host()
         total = np.zeros(candidates.shape, np.float32)
         for stage, queries in zip(self._stages, transformed):
@@ -343,7 +366,7 @@ class TurboQuantIndex(VectorIndex):
             if stage.row_weight_key is not None:
                 part *= stage.weight_scale * arrays[stage.row_weight_key][candidates]
             total += part
-        return total * arrays["norms"][candidates]
+        return total
 
     def _device_search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k on the quantizer's device, each chunk scored by its ``inner_product``."""
