@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("faiss")
 
-from turboquant.ann import TurboQuantIndex, load_index, recall_at_1_at_k  # noqa: E402
+from turboquant.ann import TurboQuantIndex, fastscan, load_index, recall_at_1_at_k  # noqa: E402
 from turboquant.ann.fastscan import FastScanLayout, FastScanStage  # noqa: E402
 
 FASTSCAN_CASES = [("mse", 1), ("mse", 2), ("mse", 4), ("prod", 2), ("prod", 4)]
@@ -19,16 +19,19 @@ def _pair(dim, bits, variant="mse", **options):
 
 
 @pytest.mark.parametrize(("variant", "bits"), FASTSCAN_CASES)
-def test_fastscan_answers_are_the_dense_scorers(clustered_data, variant, bits):
+def test_fastscan_answers_are_the_dense_scorers(clustered_data, variant, bits, monkeypatch):
     """Same ids and (to float32 rounding) the same scores as the dense scorer, for database rows of any norm
     and over several adds (rows dealt to both shards, chunks straddling the add boundary)."""
+    monkeypatch.setattr(fastscan, "_PARALLEL_MIN_BYTES", 0)  # a single query's shards scanned in two threads
     base, queries = clustered_data
     scaled = base * np.random.default_rng(3).uniform(0.5, 2.0, (len(base), 1)).astype(np.float32)
     fast, dense = _pair(base.shape[1], bits, variant, chunk_size=1500)
     assert fast.search_path == "fastscan" and dense.search_path == "dense"
+    fast._fastscan = fastscan.FastScanCodes(fast._fastscan.layout, shards=2)  # two shards on any machine
     fast.add(scaled[:2001])
     fast.add(scaled[2001:])
     dense.add(scaled)
+    assert len(fast._fastscan._shards) == 2
     for batch in (queries, queries[:1]):  # a batch (faiss threads over queries) and one query (threads over shards)
         (d_fast, i_fast), (d_dense, i_dense) = fast.search(batch, 10), dense.search(batch, 10)
         np.testing.assert_array_equal(i_fast, i_dense)

@@ -178,16 +178,18 @@ class VectorIndex(abc.ABC):
         if self._labels is None:
             self._add(x)
         else:
-            self.add_with_ids(x, self.ntotal + np.arange(x.shape[0], dtype=np.int64))
+            self._add_labelled(x, self.ntotal + np.arange(x.shape[0], dtype=np.int64))
 
     def add_with_ids(self, x: Any, ids: Any) -> None:
         """Encode the rows of ``x`` and append them labelled by ``ids`` (n,) int64, distinct from every label
         already stored."""
         x = self._checked_rows(x)
-        ids = _check_ids(ids, x.shape[0], "ids")
+        self._add_labelled(x, _check_ids(ids, x.shape[0], "ids"))
+
+    def _add_labelled(self, x: torch.Tensor, ids: np.ndarray) -> None:
         labels = np.concatenate([self.labels, ids])
         if len(np.unique(labels)) != len(labels):
-            raise ValueError("ids must be distinct and not already in the index")
+            raise ValueError("labels must be distinct: the ids given repeat, or are already in the index")
         self._add(x)
         self._labels = labels
 

@@ -63,9 +63,10 @@ def read_index_file(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndar
     if not path.is_file():
         raise IndexFileError(f"no saved index at {path}")
     try:
-        with np.load(path, allow_pickle=False) as saved:
-            if not isinstance(saved, np.lib.npyio.NpzFile):
-                raise IndexFileError(f"{path} is a bare .npy array, not a saved index (.npz archive)")
+        saved = np.load(path, allow_pickle=False)
+        if not isinstance(saved, np.lib.npyio.NpzFile):
+            raise IndexFileError(f"{path} is a bare .npy array, not a saved index (.npz archive)")
+        with saved:
             arrays = {key: saved[key] for key in saved.files}
     except IndexFileError:
         raise

@@ -21,8 +21,9 @@ Search paths (``search_path``):
   installed): the codes are also kept in faiss's fast-scan layout (:mod:`turboquant.ann.fastscan`,
   converted at ``add``), which proposes ``rerank_factor · k`` candidates per query from 8-bit in-register
   lookup tables; the candidates are then re-scored with the exact estimator above (norms, per-vector QJL
-  weights) and the best k returned, so the answer is the dense scorer's whenever its top k is among the
-  candidates.
+  weights) and the best k returned. Queries whose candidates cannot rule out a better unseen row (a bound
+  from the largest norm and the candidate-score error seen) get more candidates, so the answer is the
+  dense scorer's unless that error estimate is exceeded.
 * ``"dense"`` / ``"lut"`` (CPU): every stage scored chunk by chunk with :mod:`turboquant.ann.scoring` —
   decoding a chunk through a byte table and one GEMM with all queries, or per-query byte lookup tables —
   and a running top-k merged across chunks.
@@ -51,6 +52,7 @@ __all__ = ["TurboQuantIndex", "SCORERS", "VARIANTS"]
 
 VARIANTS = ("mse", "prod")
 SCORERS = ("auto", "fastscan", "dense", "lut")
+_SMALL_BATCH = 16  # queries transformed on one thread (see _transform)
 _MAX_DIM = 1 << 16  # constructing a Haar rotation costs O(d³): a larger saved dim is refused before building
 
 
@@ -102,7 +104,7 @@ class TurboQuantIndex(VectorIndex):
         rotation: str = "haar",
         seed: int = 0,
         scorer: str = "auto",
-        rerank_factor: int = 8,
+        rerank_factor: int = 4,
         chunk_size: int = 16384,
         query_block: int = 1024,
         backend: str = "auto",
@@ -287,9 +289,17 @@ class TurboQuantIndex(VectorIndex):
         return self.quantizer.inner_product(queries, self._quantized(arrays))
 
     def _transform(self, queries: torch.Tensor) -> list[np.ndarray]:
-        """Each stage's query transform T_s q, applied once per query."""
+        """Each stage's query transform T_s q, applied once per query. A few queries on the CPU are
+        transformed on one thread: a (m, d)·(d, d) product with m ≲ 16 is microseconds of work, and a
+        parallel region around it waits for a second thread (tens of ms on a loaded 2-core machine)."""
         tensor = queries.to(self.device)
-        return [stage.query_transform(tensor).float().cpu().numpy() for stage in self._stages]
+        threads = torch.get_num_threads()
+        if self.device.type == "cpu" and tensor.shape[0] < _SMALL_BATCH and threads > 1:
+            torch.set_num_threads(1)
+        try:
+            return [stage.query_transform(tensor).float().cpu().numpy() for stage in self._stages]
+        finally:
+            torch.set_num_threads(threads)
 
     def _chunk_scores(
         self, transformed: list[np.ndarray], arrays: dict[str, np.ndarray], start: int, stop: int
