@@ -160,9 +160,9 @@ def _timed_indexes(index: VectorIndex, batches: list[tuple[int, int]]) -> dict[s
         return {"": (index, batches)}
     if index.kernel_search:
         return {"kernel": (index, batches)}  # codes on the GPU: no CPU scorer there
-    timed = {"dense": (_scorer_twin(index, "dense") if index.search_path != "dense" else index, batches)}
+    timed = {"dense": (_scorer_twin(index, "dense"), batches)}
     if index.search_path == "fastscan":
-        timed = {"fastscan": (index, batches), **timed}
+        timed = {"fastscan": (_scorer_twin(index, "fastscan"), batches), **timed}
     if index.supports_lut:
         timed["lut"] = (_scorer_twin(index, "lut"), [(1, batches[-1][1])])
     return timed

@@ -105,3 +105,15 @@ def test_fastscan_layout_survives_save_load_and_removal(tmp_path, clustered_data
         assert target.remove_ids(np.arange(0, 4000, 3)) == 1334
     assert index._fastscan.ntotal == index.ntotal == 2666
     np.testing.assert_array_equal(index.search(queries, 10)[1], dense.search(queries, 10)[1])
+
+
+def test_auto_goes_dense_when_reranking_would_cost_more(small_clustered_data):
+    """scorer='auto' re-ranks for few queries or small k; many queries with a large k on a small database go
+    through the dense scorer (same answers either way)."""
+    base, queries = small_clustered_data
+    index = TurboQuantIndex(base.shape[1], 4)
+    index.add(base)
+    assert index._fastscan_pays(1, 10) and not index._fastscan_pays(200, 300)
+    forced = TurboQuantIndex(**{**index.config(), "scorer": "fastscan"})
+    forced.load_state_arrays(index.state_arrays())
+    np.testing.assert_array_equal(index.search(queries, 300)[1], forced.search(queries, 300)[1])

@@ -83,7 +83,8 @@ class TurboQuantIndex(VectorIndex):
         seed: seed of the rotation (and of the QJL matrix); fixes the index's random state completely.
         scorer: CPU search path: ``"fastscan"`` (faiss fast-scan candidates + exact re-rank), ``"dense"``
             (decode a chunk, one GEMM for all queries), ``"lut"`` (per-query byte lookup tables) or
-            ``"auto"`` (fastscan where it exists, else dense). ``dense`` and ``lut`` compute the same scores
+            ``"auto"`` (fastscan where it exists, else dense; per search, dense when a cost estimate says
+            the re-rank of many candidates for a large batch would cost more, see ``_fastscan_pays``). ``dense`` and ``lut`` compute the same scores
             (to float32 rounding); ``fastscan`` returns those scores for the rows it re-ranks.
         rerank_factor: the fast-scan path re-ranks ``rerank_factor · k`` candidates per query.
         chunk_size: database rows quantized or scored per step (bounds the working memory).
@@ -320,7 +321,7 @@ class TurboQuantIndex(VectorIndex):
     def _search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         if self.search_path == "device":
             return self._device_search(queries.to(self.device), k)
-        if self.search_path == "fastscan":
+        if self.search_path == "fastscan" and (self.scorer == "fastscan" or self._fastscan_pays(queries.shape[0], k)):
             return self._fastscan_search(queries, k)
         arrays = self._host()
         all_scores, all_ids = [], []
@@ -335,6 +336,18 @@ class TurboQuantIndex(VectorIndex):
             all_scores.append(best_scores.numpy())
             all_ids.append(best_ids.numpy())
         return np.concatenate(all_scores), np.concatenate(all_ids)
+
+    def _fastscan_pays(self, m: int, k: int) -> bool:
+        """``scorer="auto"``: whether fast-scan + re-rank is estimated cheaper than the dense scorer for ``m``
+        queries and top ``k``, in decoded-float units per stage (a crude model of the 2-core measurements in
+        benchmarks/NOTES.md): re-rank 2 per candidate coordinate plus the SIMD scan 1/64 per coordinate and
+        query, against the dense decode, 1 per coordinate and query block, plus its GEMM, 1/32 per coordinate
+        and query. Large k with large query batches on small databases goes dense."""
+        n, d = self.ntotal, self.dim
+        candidates = min(n, self.rerank_factor * k)
+        fast = m * candidates * d * 2 + m * n * d / 64
+        dense = n * d * -(-m // self.query_block) + m * n * d / 32
+        return fast < dense
 
     def _fastscan_search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Fast-scan candidates re-scored by the exact estimator; the best k of them.
