@@ -161,7 +161,7 @@ def _timed_indexes(index: VectorIndex, batches: list[tuple[int, int]]) -> dict[s
     if index.kernel_search:
         return {"kernel": (index, batches)}  # codes on the GPU: no CPU scorer there
     timed = {"dense": (_scorer_twin(index, "dense"), batches)}
-    if index.search_path == "fastscan":
+    if index.supports_fastscan:
         timed = {"fastscan": (_scorer_twin(index, "fastscan"), batches), **timed}
     if index.supports_lut:
         timed["lut"] = (_scorer_twin(index, "lut"), [(1, batches[-1][1])])

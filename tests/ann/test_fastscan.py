@@ -83,9 +83,10 @@ def test_layout_reuses_the_packed_stream_and_pairs_coordinates():
 
 
 def test_scorer_choice_and_errors():
-    assert TurboQuantIndex(32, 4).search_path == "fastscan"  # the default where the layout exists
-    assert TurboQuantIndex(32, 3).search_path == "dense"
-    assert TurboQuantIndex(32, 3, variant="prod").search_path == "dense"
+    assert TurboQuantIndex(32, 4).search_path == "dense"  # the default (see the module docstring)
+    assert TurboQuantIndex(32, 4, scorer="auto").search_path == "fastscan"  # where the layout exists
+    assert TurboQuantIndex(32, 3, scorer="auto").search_path == "dense"
+    assert TurboQuantIndex(32, 3, variant="prod", scorer="auto").search_path == "dense"
     with pytest.raises(ValueError, match="fastscan"):
         TurboQuantIndex(32, 3, scorer="fastscan")
     with pytest.raises(ValueError, match="rerank_factor"):
@@ -94,7 +95,7 @@ def test_scorer_choice_and_errors():
 
 def test_fastscan_layout_survives_save_load_and_removal(tmp_path, clustered_data):
     base, queries = clustered_data
-    index = TurboQuantIndex(base.shape[1], 4, rotation="hadamard", seed=3)
+    index = TurboQuantIndex(base.shape[1], 4, rotation="hadamard", seed=3, scorer="fastscan")
     index.add(base)
     loaded = load_index(index.save(tmp_path / "fast.npz"))
     assert loaded.search_path == "fastscan" and loaded._fastscan.ntotal == index.ntotal
@@ -111,7 +112,7 @@ def test_auto_goes_dense_when_reranking_would_cost_more(small_clustered_data):
     """scorer='auto' re-ranks for few queries or small k; many queries with a large k on a small database go
     through the dense scorer (same answers either way)."""
     base, queries = small_clustered_data
-    index = TurboQuantIndex(base.shape[1], 4)
+    index = TurboQuantIndex(base.shape[1], 4, scorer="auto")
     index.add(base)
     assert index._fastscan_pays(1, 10) and not index._fastscan_pays(200, 300)
     forced = TurboQuantIndex(**{**index.config(), "scorer": "fastscan"})

@@ -17,13 +17,16 @@ with the query transform T_s applied once per query:
 
 Search paths (``search_path``):
 
-* ``"fastscan"`` (CPU; the default where it exists: 1, 2 or 4 bits for mse, 2 or 4 for prod, faiss
-  installed): the codes are also kept in faiss's fast-scan layout (:mod:`turboquant.ann.fastscan`,
+* ``"fastscan"`` (CPU, opt-in: ``scorer="fastscan"`` or ``"auto"``; 1, 2 or 4 bits for mse, 2 or 4 for
+  prod, faiss installed): the codes are also kept in faiss's fast-scan layout (:mod:`turboquant.ann.fastscan`,
   converted at ``add``), which proposes ``rerank_factor · k`` candidates per query from 8-bit in-register
   lookup tables; the candidates are then re-scored with the exact estimator above (norms, per-vector QJL
   weights) and the best k returned. Queries whose candidates cannot rule out a better unseen row (a bound
   from the largest norm and the candidate-score error seen) get more candidates, so the answer is the
-  dense scorer's unless that error estimate is exceeded.
+  dense scorer's unless that error estimate is exceeded. It is exceeded on some data: faiss's 8-bit /
+  16-bit fast-scan accumulation at M = 768-1536 sub-quantizers misses rows whose score stands far above
+  the rest (a 384-d subspace lifted to 1536-d: R@1@1 0.58 against the dense scorer's 0.93 for prod,
+  benchmarks/NOTES.md), so it is not the default.
 * ``"dense"`` / ``"lut"`` (CPU): every stage scored chunk by chunk with :mod:`turboquant.ann.scoring` —
   decoding a chunk through a byte table and one GEMM with all queries, or per-query byte lookup tables —
   and a running top-k merged across chunks.
@@ -104,7 +107,7 @@ class TurboQuantIndex(VectorIndex):
         variant: str = "mse",
         rotation: str = "haar",
         seed: int = 0,
-        scorer: str = "auto",
+        scorer: str = "dense",
         rerank_factor: int = 4,
         chunk_size: int = 16384,
         query_block: int = 1024,
