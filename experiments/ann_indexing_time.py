@@ -21,10 +21,12 @@ What is timed, identically for every method (same process, same threads, stated 
   data already on the GPU (CUDA-synchronised, median of ``repeats``), which is what the paper's GPU column
   measures.
 * Search: after a warm-up query, the held-out queries are searched in one batch and the first
-  ``single_queries`` one at a time (queries/s for each); recall@1@1 and recall@1@k at the search ``k`` on
-  the timed queries are stated with each throughput. TurboQuant is timed with both scorers (``dense``:
-  decode a chunk + one GEMM; ``lut``: per-query byte lookup tables, one query at a time only) on the
-  same codes.
+  ``single_queries`` one at a time (queries/s for each, the fastest of ``search_repeats`` passes, with the
+  median beside it); recall@1@1 and recall@1@k at the search ``k`` on
+  the timed queries are stated with each throughput. TurboQuant is timed with each CPU scorer on the same
+  codes (``fastscan``: faiss fast-scan candidates + exact re-rank; ``dense``: decode a chunk + one GEMM;
+  ``lut``: per-query byte lookup tables, one query at a time only); ``exact`` (faiss IndexFlatIP, an fp32
+  brute-force matrix product) is the uncompressed reference.
 
 Data: uniform random unit vectors at the paper's dimensions (d = 200, 1536, 3072: timing depends on the
 dimension, not on the data) and the embedded real sets at their own dimensions. The paper's rows, next
@@ -103,6 +105,7 @@ def _data_specs(cfg: Any) -> list[tuple[str, Any]]:
 def _timed_builds(method: str, bits: int, data: EmbeddingDataset, options: dict[str, Any], repeats: int,
                   cheap_s: float) -> tuple[list[BuiltIndex], BuiltIndex]:
     """Warm up on a slice, then build ``repeats`` times (once if a build is slower than ``cheap_s``)."""
+    bits = None if method == "exact" else bits  # the fp32 reference has no bit width
     build_index(method, data.dim, bits, data.base[: min(2048, len(data.base))], **options)  # warm-up
     builds = [build_index(method, data.dim, bits, data.base, **options)]
     while len(builds) < repeats and builds[0].build_s <= cheap_s:
@@ -114,10 +117,12 @@ def _median(builds: list[BuiltIndex], phase: str) -> float:
     return statistics.median(getattr(b, phase) for b in builds)
 
 
-def _throughput(index: VectorIndex, queries: np.ndarray, k: int, batches: list[int],
-                truth: np.ndarray) -> list[dict[str, Any]]:
-    """queries/s for each batch size (``batch`` queries per ``search`` call, over the first
-    ``max(batch, single_queries)`` queries), with the recall@1@1 / recall@1@k reached on those queries.
+def _throughput(index: VectorIndex, queries: np.ndarray, k: int, batches: list[tuple[int, int]],
+                truth: np.ndarray, repeats: int) -> list[dict[str, Any]]:
+    """queries/s for each (batch, n_timed): ``batch`` queries per ``search`` call over the first ``n_timed``
+    queries, timed ``repeats`` times; ``queries_per_s`` is the fastest pass (on a shared CPU the others
+    carry other processes' load), ``queries_per_s_median`` the median. With each: the recall@1@1 /
+    recall@1@k reached on those queries.
 
     Warm-up (not timed): one query; a search through Triton kernels is also run once at every timed batch
     size, since the kernels are compiled per shape (unwarmed, the first 1000-query batch on the H200 read
@@ -128,22 +133,40 @@ def _throughput(index: VectorIndex, queries: np.ndarray, k: int, batches: list[i
         timed = queries[:n_timed]
         if getattr(index, "kernel_search", False):
             index.search(timed[:batch], k)
-        ids = []
-        start = time.perf_counter()
-        for first in range(0, n_timed, batch):
-            ids.append(index.search(timed[first : first + batch], k).ids)
-        elapsed = time.perf_counter() - start
+        passes = []
+        for _ in range(max(1, repeats)):
+            ids = []
+            start = time.perf_counter()
+            for first in range(0, n_timed, batch):
+                ids.append(index.search(timed[first : first + batch], k)[1])
+            passes.append(time.perf_counter() - start)
         recall = recall_at_1_at_k(truth[:n_timed], np.concatenate(ids), [1, k])
-        rows.append({"measure": "search", "batch": batch, "queries_timed": n_timed, "queries_per_s": n_timed / elapsed,
-                     "search_k": k, "recall_at_1": recall[1], "recall_at_k": recall[k]})
+        rows.append({"measure": "search", "batch": batch, "queries_timed": n_timed,
+                     "queries_per_s": n_timed / min(passes), "queries_per_s_median": n_timed / statistics.median(passes),
+                     "search_repeats": len(passes), "search_k": k, "recall_at_1": recall[1], "recall_at_k": recall[k]})
     return rows
 
 
-def _lut_twin(index: TurboQuantIndex) -> TurboQuantIndex:
-    """The same stored codes behind the per-query lookup-table scorer (no re-quantization)."""
-    twin = TurboQuantIndex(**{**index.config(), "scorer": "lut"})
+def _scorer_twin(index: TurboQuantIndex, scorer: str) -> TurboQuantIndex:
+    """The same stored codes behind another CPU scorer (no re-quantization)."""
+    twin = TurboQuantIndex(**{**index.config(), "scorer": scorer})
     twin.load_state_arrays(index.state_arrays())
     return twin
+
+
+def _timed_indexes(index: VectorIndex, batches: list[tuple[int, int]]) -> dict[str, tuple[VectorIndex, list]]:
+    """scorer label -> (index, batches) to time: each CPU scorer of a TurboQuant index on the same codes
+    (per-query lookup tables cost m·n·d/g gathers: one query at a time only); other indexes as they are."""
+    if not isinstance(index, TurboQuantIndex):
+        return {"": (index, batches)}
+    if index.kernel_search:
+        return {"kernel": (index, batches)}  # codes on the GPU: no CPU scorer there
+    timed = {"dense": (_scorer_twin(index, "dense"), batches)}
+    if index.supports_fastscan:
+        timed = {"fastscan": (_scorer_twin(index, "fastscan"), batches), **timed}
+    if index.supports_lut:
+        timed["lut"] = (_scorer_twin(index, "lut"), [(1, batches[-1][1])])
+    return timed
 
 
 def _devices(cfg: Any) -> list[str]:
@@ -226,18 +249,13 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
             if on_gpu:
                 rows.append({**_resident_encode(built.index, data.base, int(exp.repeats)), "scorer": "", **common})
             n_queries, single = data.queries.shape[0], int(exp.single_queries)
-            batches = [(n_queries, n_queries), (1, single)]
-            indexes = {"": (built.index, batches)}
-            if isinstance(built.index, TurboQuantIndex) and built.index.kernel_search:
-                indexes = {"kernel": (built.index, batches)}  # the Triton scores kernel; no CPU scorer on the GPU
-            elif isinstance(built.index, TurboQuantIndex) and built.index.supports_lut:
-                # per-query tables cost m·n·d/g gathers: timed one query at a time only
-                indexes = {"dense": (built.index, batches), "lut": (_lut_twin(built.index), [(1, single)])}
+            indexes = _timed_indexes(built.index, [(n_queries, n_queries), (1, single)])
             if unit["backend"] and unit["backend"] != exp.backends[0]:
                 indexes = {}  # same codes as the first backend's index: its search is timed there
             for scorer, (index, index_batches) in indexes.items():
-                for row in _throughput(index, data.queries, int(exp.search_k), index_batches, truth):
-                    rows.append({**row, "scorer": scorer, **common})
+                for row in _throughput(index, data.queries, int(exp.search_k), index_batches, truth,
+                                       int(exp.search_repeats)):
+                    rows.append({**row, "scorer": scorer, "load_average": os.getloadavg()[0], **common})
             store.save_unit(unit, rows)
     return store.frame(units=all_units)
 
@@ -346,7 +364,7 @@ def table2_markdown(df: pd.DataFrame) -> str:
     builds = df[df["measure"] == "build"]
     table = builds.pivot_table(index="method_label", columns="data", values="build_s", aggfunc="first")
     table = table[sorted(table.columns, key=lambda data: int(builds.loc[builds["data"] == data, "dim"].iloc[0]))]
-    loads = df["load_average"].dropna() if "load_average" in df else pd.Series(dtype=float)
+    loads = builds["load_average"].dropna() if "load_average" in builds else pd.Series(dtype=float)
     load_text = f"; 1-min load average {loads.min():.2f}-{loads.max():.2f} during the builds" if len(loads) else ""
     lines = [
         "# Indexing time (seconds), 4 bits: this machine vs the paper's Table 2 (arXiv v1)",
@@ -381,8 +399,7 @@ def table2_markdown(df: pd.DataFrame) -> str:
         lines += ["", "## TurboQuant encoders: torch reference / fast path (same run)", "", *speedups]
     searches = df[df["measure"] == "search"].copy()
     if not searches.empty:
-        searches["method"] = [label + (f" [{s}]" if isinstance(s, str) and s else "")
-                              for label, s in zip(searches["method_label"], searches["scorer"])]
+        searches["method"] = _search_labels(searches)
         cols = ["data", "method", "batch", "queries_timed", "queries_per_s", "search_k", "recall_at_1", "recall_at_k"]
         lines += ["", "## Search throughput (same run)", "", markdown_table(searches[cols], "{:.3g}")]
     return "\n".join(lines) + "\n"
@@ -441,9 +458,69 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
                      f"({_threads_text(df)})\nvs arXiv v1 Table 2 (TurboQuant on A100, RaBitQ 1-core Python)", fontsize=7)
         ax.legend(fontsize=5.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
+        fig.text(0.01, -0.02, _data_note(df), fontsize=6, va="top", ha="left")
         stem = f"ann_indexing_time_{n_base // 1000}k"  # quick (20k) and paper (100k) runs keep separate files
         coverage = grid_coverage(cfg)
         paths = save_figure(fig, figures_dir, stem, coverage)
     table = Path(figures_dir) / f"{coverage.stem(stem)}_table2.md"
     table.write_text(table2_markdown(df))
-    return [*paths, table]
+    return [*paths, *_plot_qps_recall(df, figures_dir, f"ann_qps_recall_{n_base // 1000}k"), table]
+
+
+def _data_note(df: pd.DataFrame) -> str:
+    """``Data (one point per set and method): <name> (d=…): <description>`` per data set, from the run's
+    provenance (the name alone when none is recorded), wrapped for a figure footnote."""
+    import textwrap
+
+    provenance = df.attrs.get("provenance", {}).get("datasets", {})
+    dims = df.groupby("data")["dim"].first().sort_values()
+    lines = [f"{name} (d={int(dim)}): {provenance.get(name, {}).get('description', 'no description recorded')}"
+             for name, dim in dims.items()]
+    return "Data (one point per data set and method):\n" + "\n".join(textwrap.fill(line, 140) for line in lines)
+
+
+def _search_labels(searches: pd.DataFrame) -> pd.Series:
+    """Index label plus the TurboQuant scorer, e.g. ``TurboQuant_mse (hadamard, numba via auto) [fastscan]``."""
+    return pd.Series([label + (f" [{s}]" if isinstance(s, str) and s else "")
+                      for label, s in zip(searches["method_label"], searches["scorer"])], index=searches.index)
+
+
+def _plot_qps_recall(df: pd.DataFrame, figures_dir: str | Path, stem: str) -> list[Path]:
+    """Queries/s against recall@1@k (k = the search k), one panel per data set, every index and scorer:
+    filled markers for the batched search, open markers for one query at a time (ANN-benchmarks' plot)."""
+    searches = df[df["measure"] == "search"].copy()
+    if searches.empty:
+        return []
+    searches["index_label"] = _search_labels(searches)
+    datasets = sorted(set(searches["data"]), key=lambda data: int(searches.loc[searches["data"] == data, "dim"].iloc[0]))
+    labels = list(dict.fromkeys(searches["index_label"]))
+    k = int(searches["search_k"].iloc[0])
+    with figure_style():
+        import matplotlib.pyplot as plt
+
+        palette = plt.get_cmap("tab20").colors
+        colors = {label: palette[(2 * i) % 20 + (2 * i) // 20] for i, label in enumerate(labels)}
+        fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets) + 3.2, 4.0), squeeze=False)
+        for ax, data in zip(axes[0], datasets):
+            part = searches[searches["data"] == data]
+            for _, row in part.iterrows():
+                batched = int(row["batch"]) > 1
+                ax.scatter(row["recall_at_k"], row["queries_per_s"], s=36, marker="o" if batched else "^",
+                           color=colors[row["index_label"]], facecolors=None if batched else "none")
+            ax.set_yscale("log")
+            ax.set_xlabel(f"recall@1@{k}")
+            ax.set_ylabel("queries / s")
+            dim = int(part["dim"].iloc[0])
+            ax.set_title(f"{data} (d={dim}, {int(part['bits'].iloc[0])} bits, n={int(part['n_base'].iloc[0])})", fontsize=8)
+        handles = [plt.Line2D([], [], ls="", marker="s", color=colors[label], label=label) for label in labels]
+        handles += [plt.Line2D([], [], ls="", marker="o", color="k", label=f"batch of {int(searches['batch'].max())}"),
+                    plt.Line2D([], [], ls="", marker="^", color="k", markerfacecolor="none", label="one query at a time")]
+        axes[0][-1].legend(handles=handles, fontsize=5.5, loc="center left", bbox_to_anchor=(1.02, 0.5))
+        loads = searches["load_average"].dropna() if "load_average" in searches else pd.Series(dtype=float)
+        load = f", load avg {loads.min():.1f}-{loads.max():.1f}" if len(loads) else ""
+        fig.suptitle(f"Search throughput vs recall@1@{k}, same run ({_machine_text(df)}{load}; {_threads_text(df)})",
+                     fontsize=8)
+        fig.tight_layout()
+        searches.attrs = df.attrs
+        fig.text(0.01, -0.02, _data_note(searches), fontsize=6, va="top", ha="left")
+        return save_figure(fig, figures_dir, stem)

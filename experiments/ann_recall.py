@@ -31,7 +31,7 @@ from experiments.coverage import grid_coverage
 from experiments.data.embeddings import EmbeddingDataset, load_embeddings
 from experiments.io import ResultStore, experiment_sizes
 from experiments.plotting import figure_style, save_figure
-from turboquant.ann import VectorIndex, make_index, powers_of_two_up_to, recall_at_1_at_k
+from turboquant.ann import TurboQuantIndex, VectorIndex, make_index, powers_of_two_up_to, recall_at_1_at_k
 
 __all__ = ["RESULT_KEYS", "METHOD_LABELS", "run", "plot", "build_index", "set_threads", "load_ann_dataset"]
 
@@ -48,7 +48,7 @@ METHOD_LABELS: dict[str, str] = {
     "pq": "PQ (LUT256, faiss IndexPQ)",
     "pq_fastscan": "PQ fast-scan (faiss, 4-bit codes)",
     "rabitq": "RaBitQ (faiss, extended bits)",
-    "exact": "exact",
+    "exact": "fp32 brute force (faiss IndexFlatIP)",
 }
 _COLORS = {
     "turboquant_mse": "#1f77b4",
@@ -56,6 +56,7 @@ _COLORS = {
     "pq": "#2ca02c",
     "pq_fastscan": "#8c564b",
     "rabitq": "#ff7f0e",
+    "exact": "#7f7f7f",
 }
 
 
@@ -133,7 +134,7 @@ def exact_top1(data: EmbeddingDataset) -> np.ndarray:
     """Ids of each query's true top-1 inner-product neighbour (faiss IndexFlatIP)."""
     exact = make_index("exact", data.dim)
     exact.add(data.base)
-    return exact.search(data.queries, 1).ids[:, 0]
+    return exact.search(data.queries, 1)[1][:, 0]
 
 
 def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
@@ -161,10 +162,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         truth = exact_top1(data)
         for unit in tqdm(todo, desc=f"ann_recall {key}"):
             built = build_index(unit["method"], data.dim, unit["bits"], data.base, **_method_options(unit["method"], cfg))
-            start = time.perf_counter()
-            ids = built.index.search(data.queries, ks[-1]).ids
-            search_s = time.perf_counter() - start
-            recalls = recall_at_1_at_k(truth, ids, ks)
+            search_s, recalls = _timed_recall(built.index, data.queries, truth, ks)
             common = {
                 "dim": data.dim,
                 "bits_per_coordinate": built.index.bits_per_coordinate,
@@ -173,8 +171,29 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
                 "search_s": search_s,
                 **threads,
             }
-            store.save_unit(unit, [{"k": k, "recall": recalls[k], **common} for k in ks])
+            fast = _fastscan_twin(built.index)
+            if fast is not None:  # the fast-scan path's recall next to the scorer's, on the same codes
+                fast_s, fast_recalls = _timed_recall(fast, data.queries, truth, ks)
+                common.update(scorer=built.index.search_path, search_s_fastscan=fast_s)
+            store.save_unit(unit, [{"k": k, "recall": recalls[k], **common,
+                                    **({"recall_fastscan": fast_recalls[k]} if fast is not None else {})} for k in ks])
     return store.frame(units=all_units)
+
+
+def _timed_recall(index: VectorIndex, queries: np.ndarray, truth: np.ndarray, ks: list[int]) -> tuple[float, dict[int, float]]:
+    """Seconds to search every query for its top max(ks), and the recall@1@k reached."""
+    start = time.perf_counter()
+    _, ids = index.search(queries, ks[-1])
+    return time.perf_counter() - start, recall_at_1_at_k(truth, ids, ks)
+
+
+def _fastscan_twin(index: VectorIndex) -> TurboQuantIndex | None:
+    """A TurboQuant index's codes behind the fast-scan path, when it has one and searches by another."""
+    if not isinstance(index, TurboQuantIndex) or index.search_path in ("fastscan", "device") or not index.supports_fastscan:
+        return None
+    twin = TurboQuantIndex(**{**index.config(), "scorer": "fastscan"})
+    twin.load_state_arrays(index.state_arrays())
+    return twin
 
 
 def config_hash(node: Any) -> str:
@@ -189,34 +208,45 @@ def config_hash(node: Any) -> str:
 
 
 def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
-    """One panel per dataset: recall@1@k against k (log2 axis), colour = method, line style = bits."""
+    """One panel per dataset: recall@1@k against k (log2 axis); colour = method, line style and marker =
+    bits (dashed open circles 2-bit, solid filled squares 4-bit). Panel titles name the data; what each
+    stands in for is a numbered note under the panels, so long notes do not shrink the axes."""
     if df.empty:
         return []
     datasets = list(dict.fromkeys(df["dataset_name"]))
     provenance = df.attrs.get("provenance", {}).get("datasets", {})
-    styles = {2: "--", 4: "-"}
+    styles = {2: ("--", "o", "none"), 4: ("-", "s", None)}  # line, marker, marker face (None = filled)
     with figure_style():
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, len(datasets), figsize=(5.4 * len(datasets), 4.6), squeeze=False)
-        for ax, key in zip(axes[0], datasets):
+        fig, axes = plt.subplots(1, len(datasets), figsize=(4.6 * len(datasets), 4.0), squeeze=False)
+        notes = []
+        for i, (ax, key) in enumerate(zip(axes[0], datasets)):
             part = df[df["dataset_name"] == key]
             for (method, bits), curve in part.groupby(["method", "bits"], sort=False):
                 curve = curve.sort_values("k")
-                ax.plot(curve["k"], curve["recall"], styles.get(int(bits), ":"), marker="o",
-                        color=_COLORS.get(method), label=f"{METHOD_LABELS.get(method, method)}, {bits}-bit")
+                line, marker, face = styles.get(int(bits), (":", "^", None))
+                ax.plot(curve["k"], curve["recall"], ls=line, marker=marker, markersize=4, markerfacecolor=face,
+                        color=_COLORS.get(method))
             ax.set_xscale("log", base=2)
             ax.set_xlabel("k")
             ax.set_ylabel("recall@1@k")
             ax.set_ylim(0, 1.02)
             info = provenance.get(key, {})
-            title = _wrap(info.get("description", key), 70)
+            sizes = f"{int(part['dim'].iloc[0])}-d, {key}"
+            ax.set_title(f"({i + 1}) " + _wrap(f"{info.get('description', key)}", 60) + f"\n[{sizes}]", fontsize=7)
             if info.get("substitution"):
-                title += "\nsubstitutes: " + _wrap(info["substitution"], 75)
-            ax.set_title(title, fontsize=7)
-        axes[0][-1].legend(loc="lower right", fontsize=6)
+                notes.append(f"({i + 1}) stands in for: {info['substitution']}")
+        methods = list(dict.fromkeys(df["method"]))
+        handles = [plt.Line2D([], [], color=_COLORS.get(m), lw=2, label=METHOD_LABELS.get(m, m)) for m in methods]
+        handles += [plt.Line2D([], [], color="k", ls=styles[b][0], marker=styles[b][1], markerfacecolor=styles[b][2],
+                               label=f"{b}-bit") for b in sorted({int(b) for b in df["bits"]}) if b in styles]
+        fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 4),
+                   fontsize=7, frameon=False)
         fig.suptitle("Recall@1@k, maximum inner-product search (paper Fig. 5, arXiv v1)", fontsize=9)
         fig.tight_layout()
+        if notes:
+            fig.text(0.01, -0.13, "\n".join(_wrap(note, 190) for note in notes), fontsize=6, va="top", ha="left")
         coverage = grid_coverage(cfg)
         paths = save_figure(fig, figures_dir, "ann_recall", coverage)
     summary = Path(figures_dir) / f"{coverage.stem('ann_recall')}_summary.md"
@@ -304,6 +334,12 @@ def summary_markdown(df: pd.DataFrame) -> str:
     lines += [f"- {o['dataset_name']}, {o['bits']}-bit: {o['ranking']}; TurboQuant_mse >= PQ >= RaBitQ (paper): "
               f"{o.get('paper_order_holds', 'n/a')}; RaBitQ > TQ_mse > TQ_prod (RaBitQ authors): "
               f"{o.get('rabitq_authors_order_holds', 'n/a')}" for o in orderings(df, 1)]
+    if "recall_fastscan" in df:
+        fast = df[df["recall_fastscan"].notna()]
+        table = fast.assign(difference=fast["recall_fastscan"] - fast["recall"]).pivot_table(
+            index=["dataset_name", "method", "bits"], columns="k", values="difference")
+        lines += ["", "## TurboQuant fast-scan path minus the dense scorer, recall@1@k (same codes; 0 = identical)",
+                  "", markdown_table(table.reset_index(), "{:+.4f}")]
     readings = recall_readings(df)
     if readings:
         lines += ["", "## Next to the paper's Fig. 5 readings (2-bit, R@1@1; stand-in data, see titles)", "",

@@ -71,7 +71,7 @@ def test_ann_recall_rejects_missing_sizes(tmp_path):
 def test_ann_indexing_time_runs_and_writes_the_table(tmp_path):
     from experiments import ann_indexing_time
 
-    cfg = _config("ann_indexing_time", ["experiment.methods=[turboquant_mse,pq,rabitq]", "experiment.repeats=2",
+    cfg = _config("ann_indexing_time", ["experiment.methods=[turboquant_mse,pq,rabitq,exact]", "experiment.repeats=2",
                                          "experiment.single_queries=3"])
     with open_dict(cfg):
         cfg.experiment.datasets = OmegaConf.create({"random_sphere": SPHERE})
@@ -82,7 +82,8 @@ def test_ann_indexing_time_runs_and_writes_the_table(tmp_path):
     store = ResultStore(cfg.paths.results_dir, "ann_indexing_time", cfg, ann_indexing_time.RESULT_KEYS)
     df = ann_indexing_time.run(cfg, store)
     builds = df[df["measure"] == "build"]
-    assert len(builds) == 2 * 6  # 2 dims x (TurboQuant {haar, hadamard} x {auto, torch}, PQ, RaBitQ)
+    assert len(builds) == 2 * 7  # 2 dims x (TurboQuant {haar, hadamard} x {auto, torch}, PQ, RaBitQ, exact)
+    assert (builds.loc[builds["method"] == "exact", "bits_per_coordinate"] == 32).all()
     assert set(builds["dim"]) == {16, 24} and (builds["build_s"] > 0).all()
     tq_builds = builds[builds["method"] == "turboquant_mse"]
     assert (tq_builds["train_s"] < 0.01).all()  # data-oblivious
@@ -90,11 +91,15 @@ def test_ann_indexing_time_runs_and_writes_the_table(tmp_path):
     assert dict(zip(tq_builds["backend"], tq_builds["encoder"])) == {"auto": "numba", "torch": "torch"}
     assert (builds["numba_threads"] >= 1).all() and builds["load_average"].notna().all()
     tq_search = df[(df["measure"] == "search") & (df["method"] == "turboquant_mse")]
-    assert set(tq_search["scorer"]) == {"dense", "lut"} and set(tq_search["backend"]) == {"auto"}
-    # both scorers rank identically, so they reach the same recall on the same codes
+    assert set(tq_search["scorer"]) == {"fastscan", "dense", "lut"} and set(tq_search["backend"]) == {"auto"}
+    # the scorers rank identically (fastscan re-ranks its candidates exactly), so they reach the same recall
     by_scorer = tq_search[tq_search["batch"] == 1].groupby(["data", "rotation", "scorer"])["recall_at_k"].first()
-    assert (by_scorer.xs("dense", level="scorer") == by_scorer.xs("lut", level="scorer")).all()
+    for scorer in ("fastscan", "lut"):
+        assert (by_scorer.xs("dense", level="scorer") == by_scorer.xs(scorer, level="scorer")).all()
+    exact_search = df[(df["measure"] == "search") & (df["method"] == "exact")]
+    assert len(exact_search) == 2 * 2 and (exact_search["recall_at_1"] == 1).all()  # 2 dims x {batch, single}
     paths = ann_indexing_time.plot(df, cfg, cfg.paths.figures_dir)
+    assert {p.name for p in paths} >= {"ann_qps_recall_0k.png", "ann_indexing_time_0k.png"}
     text = paths[-1].read_text()
     assert "239.75" in text and "PQ training time / TurboQuant" in text and "queries_per_s" in text
     assert "TurboQuant_mse (hadamard, numba via auto)" in text and "torch reference / fast path" in text

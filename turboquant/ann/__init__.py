@@ -4,7 +4,7 @@
     index = make_index("turboquant_mse", dim=1536, bits=4)      # or "pq", "pq_fastscan", "rabitq", "exact"
     index.train(base)          # no-op for TurboQuant (data-oblivious); k-means / centroid for the baselines
     index.add(base)
-    scores, ids = index.search(queries, k=64)
+    D, I = index.search(queries, 64)    # faiss's convention: scores and labels, best first
     index.save("index.npz"); same = load_index("index.npz")
 
 The faiss-backed baselines import faiss (an optional dependency) only when first requested.
@@ -12,19 +12,19 @@ The faiss-backed baselines import faiss (an optional dependency) only when first
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from turboquant.ann.base import SearchResult, VectorIndex
+from turboquant.ann.base import VectorIndex
+from turboquant.ann.index_file import IndexFileError, read_index_file
 from turboquant.ann.recall import powers_of_two_up_to, recall_at_1_at_k
 from turboquant.ann.turboquant_index import TurboQuantIndex
 
 __all__ = [
     "METHODS",
-    "SearchResult",
+    "IndexFileError",
     "TurboQuantIndex",
     "VectorIndex",
     "load_index",
@@ -73,18 +73,26 @@ def make_index(method: str, dim: int, bits: int | None = None, **options: Any) -
 
 
 def load_index(path: str | Path) -> VectorIndex:
-    """Rebuild an index written by :meth:`VectorIndex.save`."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no saved index at {path}")
-    with np.load(path, allow_pickle=False) as saved:
-        arrays = {key: saved[key] for key in saved.files}
-    if "meta" not in arrays:
-        raise ValueError(f"{path} is not a saved index (no 'meta' entry)")
-    meta = json.loads(arrays.pop("meta").tobytes().decode())
-    if meta.get("method") not in _CLASSES:
-        raise ValueError(f"{path} holds an index of unknown method {meta.get('method')!r}")
-    index = _index_class(meta["method"])(**meta["config"])
-    index.load_state_arrays(arrays)
-    index.is_trained = bool(meta["is_trained"])
+    """Rebuild an index written by :meth:`VectorIndex.save`.
+
+    Raises :class:`IndexFileError` (a ``ValueError`` naming the file) for an unreadable, edited or
+    inconsistent file: see :mod:`turboquant.ann.index_file`; the arrays are checked against the saved
+    config (``check_saved``) before the index is constructed."""
+    meta, arrays = read_index_file(path)
+    method = meta["method"]
+    if method not in _CLASSES:
+        raise IndexFileError(f"{path} holds an index of unknown method {method!r}; known: {sorted(_CLASSES)}")
+    labels = arrays.pop("labels", None)
+    cls = _index_class(method)
+    try:
+        cls.check_saved(meta["config"], arrays)
+        index = cls(**meta["config"])
+        index.load_state_arrays(arrays)
+        if labels is not None:
+            if labels.dtype != np.int64 or labels.shape != (index.ntotal,) or len(np.unique(labels)) != index.ntotal:
+                raise ValueError(f"'labels' must be {index.ntotal} distinct int64 values, got {labels.dtype} {labels.shape}")
+            index._labels = labels
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise IndexFileError(f"{path}: saved {method} index is invalid: {error}") from None
+    index.is_trained = meta["is_trained"]
     return index

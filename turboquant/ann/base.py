@@ -1,26 +1,30 @@
-"""One interface for every maximum-inner-product-search (MIPS) index in the suite.
+"""One interface for every maximum-inner-product-search (MIPS) index in the suite, shaped like faiss's.
 
 TurboQuant (paper §4.4, Fig. 5 / Table 2 of arXiv v1) and its baselines (product quantization, RaBitQ,
-exact search) all implement :class:`VectorIndex`:
+exact search) all implement :class:`VectorIndex`, with faiss's names and return values:
 
-* ``train(x)``   learn whatever the method learns from data (a no-op for the data-oblivious TurboQuant),
-* ``add(x)``     encode database vectors (rows of ``x``, shape ``(n, dim)``) and append them,
-* ``search(q, k)`` return the ``k`` database rows with the largest *estimated* inner product ⟨q, x⟩,
-* ``nbytes``     bytes of the per-vector database representation (codes plus per-vector scalars such as
+* ``train(x)``            learn whatever the method learns (a no-op for the data-oblivious TurboQuant),
+* ``add(x)`` / ``add_with_ids(x, ids)``  encode database vectors (rows of ``x``, shape ``(n, d)``) and
+  append them, labelled ``ntotal, ntotal + 1, …`` or by the given int64 ``ids``,
+* ``D, I = search(x, k)`` the ``k`` rows with the largest *estimated* inner product ⟨q, x⟩ per query, best
+  first: a plain tuple of scores ``D`` (float32) and labels ``I`` (int64), NumPy for NumPy input and torch
+  tensors on the input's device for torch input,
+* ``lims, D, I = range_search(x, radius)`` every row whose estimated inner product exceeds ``radius``
+  (faiss's layout: query i's hits are ``D[lims[i]:lims[i+1]]``, here best first),
+* ``remove_ids(ids)``, ``reconstruct(label)``, ``reset()``, ``ntotal``, ``d``,
+* ``nbytes``  bytes of the per-vector database representation (codes plus per-vector scalars such as
   norms); method-wide state that does not grow with the database (a rotation matrix, PQ centroids) is
   reported separately as ``model_nbytes``,
 * ``save(path)`` / :func:`turboquant.ann.load_index` a single ``.npz`` file (no pickle).
 
-Every array crosses the interface as NumPy: float32 in, ``(scores float32, ids int64)`` out, so indexes
-built on different libraries are directly comparable.
+Labels: an index filled by ``add`` alone labels rows by position; ``add_with_ids`` or ``remove_ids`` keep a
+position → label array, as faiss's ``IndexIDMap`` does.
 """
 
 from __future__ import annotations
 
 import abc
 import json
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,44 +33,40 @@ import torch
 
 from turboquant.quantizers import all_finite
 
-__all__ = ["SearchResult", "VectorIndex", "as_float_matrix", "check_k"]
+__all__ = ["VectorIndex", "as_float_matrix", "as_float_tensor", "check_k"]
 
 
-@dataclass(frozen=True)
-class SearchResult:
-    """Top-k answer of a batch of queries: row i holds query i's hits, best (largest score) first."""
+def as_float_tensor(x: Any, dim: int, name: str) -> torch.Tensor:
+    """Validate ``x`` as a finite ``(n, dim)`` floating-point matrix; return a C-contiguous float32 tensor
+    on ``x``'s device (NumPy input is wrapped without a copy when already float32 and contiguous).
 
-    scores: np.ndarray  # (n_queries, k) float32, non-increasing along each row
-    ids: np.ndarray  # (n_queries, k) int64, positions in insertion order
-
-    def __iter__(self):  # allows ``scores, ids = index.search(q, k)``
-        return iter((self.scores, self.ids))
+    Raises ``ValueError`` naming ``name`` for a wrong rank, a wrong dimension, zero rows, a non-floating
+    dtype or a non-finite entry.
+    """
+    if not isinstance(x, torch.Tensor):
+        array = np.asarray(x)
+        if not np.issubdtype(array.dtype, np.floating):
+            raise ValueError(f"{name} must hold floating-point values, got dtype {array.dtype}")
+        if not array.flags.writeable:  # torch cannot wrap a read-only array (e.g. np.load's mmap)
+            array = array.copy()
+        x = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32) if array.ndim else array)
+    elif not x.dtype.is_floating_point:
+        raise ValueError(f"{name} must hold floating-point values, got dtype {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D (n, {dim}) matrix, got shape {tuple(x.shape)}")
+    if x.shape[1] != dim:
+        raise ValueError(f"{name} has dimension {x.shape[1]}, but the index was built for dim={dim}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} has no rows")
+    x = x.detach().to(torch.float32).contiguous()
+    if not all_finite(x):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return x
 
 
 def as_float_matrix(x: Any, dim: int, name: str) -> np.ndarray:
-    """Validate ``x`` as a finite ``(n, dim)`` matrix and return it as C-contiguous float32.
-
-    Accepts NumPy arrays and CPU/GPU torch tensors (copied to host). Raises ``ValueError`` naming ``name``
-    for a wrong rank, a wrong dimension, zero rows or a non-finite entry.
-    """
-    if isinstance(x, torch.Tensor):
-        x = x.detach().float().cpu().numpy()
-    array = np.asarray(x)
-    if array.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D (n, {dim}) matrix, got shape {array.shape}")
-    if array.shape[1] != dim:
-        raise ValueError(f"{name} has dimension {array.shape[1]}, but the index was built for dim={dim}")
-    if array.shape[0] == 0:
-        raise ValueError(f"{name} has no rows")
-    if not np.issubdtype(array.dtype, np.floating):
-        raise ValueError(f"{name} must hold floating-point values, got dtype {array.dtype}")
-    array = np.ascontiguousarray(array, dtype=np.float32)
-    with warnings.catch_warnings():  # a read-only array (np.load mmap) is only read here
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        finite = all_finite(torch.from_numpy(array))
-    if not finite:
-        raise ValueError(f"{name} contains NaN or infinite values")
-    return array
+    """:func:`as_float_tensor`, returned as a host float32 NumPy array."""
+    return as_float_tensor(x, dim, name).cpu().numpy()
 
 
 def check_k(k: int, ntotal: int) -> int:
@@ -82,8 +82,32 @@ def check_k(k: int, ntotal: int) -> int:
     return int(k)
 
 
+def _check_ids(ids: Any, count: int | None, name: str) -> np.ndarray:
+    """``ids`` as a 1-D int64 array (of ``count`` entries when given)."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.detach().cpu().numpy()
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or (count is not None and ids.shape[0] != count):
+        expected = f"({count},)" if count is not None else "1-D"
+        raise ValueError(f"{name} must have shape {expected}, got {ids.shape}")
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"{name} must be integers, got dtype {ids.dtype}")
+    return ids.astype(np.int64)
+
+
+def _like(array: np.ndarray, reference: Any) -> Any:
+    """``array`` as a torch tensor on ``reference``'s device when ``reference`` is a tensor, else as is."""
+    if isinstance(reference, torch.Tensor):
+        return torch.from_numpy(np.ascontiguousarray(array)).to(reference.device)
+    return array
+
+
 class VectorIndex(abc.ABC):
-    """Abstract maximum-inner-product index (see the module docstring for the contract)."""
+    """Abstract maximum-inner-product index (see the module docstring for the contract).
+
+    Subclasses implement ``_add``, ``_search`` (on positions), ``_remove_positions``, ``_reconstruct``,
+    ``_reset`` and the persistence hooks; this class handles validation, labels and array types.
+    """
 
     #: key of the index class, stored in saved files (``"turboquant"``, ``"pq"``, ...)
     method: ClassVar[str]
@@ -98,8 +122,14 @@ class VectorIndex(abc.ABC):
         self.dim = int(dim)
         self.bits = None if bits is None else int(bits)
         self.is_trained = not self.requires_training
+        self._labels: np.ndarray | None = None  # position -> label, once add_with_ids / remove_ids is used
 
     # ---------------------------------------------------------------- properties
+    @property
+    def d(self) -> int:
+        """The vector dimension (faiss's name)."""
+        return self.dim
+
     @property
     def name(self) -> str:
         """Method name as :func:`turboquant.ann.make_index` takes it (e.g. ``"turboquant_mse"``, ``"pq"``)."""
@@ -127,6 +157,11 @@ class VectorIndex(abc.ABC):
             raise ValueError("bits_per_coordinate is undefined for an empty index")
         return 8.0 * self.nbytes / (self.ntotal * self.dim)
 
+    @property
+    def labels(self) -> np.ndarray:
+        """(ntotal,) int64: the label of each stored row, in storage order."""
+        return np.arange(self.ntotal, dtype=np.int64) if self._labels is None else self._labels
+
     # ---------------------------------------------------------------- operations
     def train(self, x: Any) -> None:
         """Learn from ``x`` (n, dim). Data-oblivious methods only validate the input."""
@@ -138,25 +173,96 @@ class VectorIndex(abc.ABC):
         """Method-specific training; the default learns nothing."""
 
     def add(self, x: Any) -> None:
-        """Encode the rows of ``x`` (n, dim) and append them; ids continue from ``ntotal``."""
+        """Encode the rows of ``x`` (n, dim) and append them, labelled ``ntotal, ntotal + 1, …``."""
+        x = self._checked_rows(x)
+        if self._labels is None:
+            self._add(x)
+        else:
+            self._add_labelled(x, self.ntotal + np.arange(x.shape[0], dtype=np.int64))
+
+    def add_with_ids(self, x: Any, ids: Any) -> None:
+        """Encode the rows of ``x`` and append them labelled by ``ids`` (n,) int64, distinct from every label
+        already stored."""
+        x = self._checked_rows(x)
+        self._add_labelled(x, _check_ids(ids, x.shape[0], "ids"))
+
+    def _add_labelled(self, x: torch.Tensor, ids: np.ndarray) -> None:
+        labels = np.concatenate([self.labels, ids])
+        if len(np.unique(labels)) != len(labels):
+            raise ValueError("labels must be distinct: the ids given repeat, or are already in the index")
+        self._add(x)
+        self._labels = labels
+
+    def _checked_rows(self, x: Any) -> torch.Tensor:
         if not self.is_trained:
             raise ValueError(f"{type(self).__name__} must be trained (train(x)) before add()")
-        self._add(as_float_matrix(x, self.dim, "database vectors"))
+        return as_float_tensor(x, self.dim, "database vectors")
 
-    def search(self, queries: Any, k: int) -> SearchResult:
-        """Top-``k`` database rows by estimated inner product for each query row (best first)."""
+    def search(self, x: Any, k: int) -> tuple[Any, Any]:
+        """``D, I``: the top-``k`` scores (m, k) float32 and labels (m, k) int64 of each query row, best first.
+
+        NumPy in, NumPy out; a torch tensor in, torch tensors out on its device."""
         k = check_k(k, self.ntotal)
-        queries = as_float_matrix(queries, self.dim, "queries")
-        scores, ids = self._search(queries, k)
-        return SearchResult(np.ascontiguousarray(scores, dtype=np.float32), np.ascontiguousarray(ids, dtype=np.int64))
+        queries = as_float_tensor(x, self.dim, "queries")
+        scores, positions = self._search(queries, k)
+        scores = np.ascontiguousarray(scores, dtype=np.float32)
+        ids = self.labels[np.asarray(positions, dtype=np.int64)]
+        return _like(scores, x), _like(ids, x)
+
+    def range_search(self, x: Any, radius: float) -> tuple[Any, Any, Any]:
+        """``lims, D, I``: every row with an estimated inner product above ``radius``, per query, best first
+        (query i's hits are ``D[lims[i]:lims[i+1]]``, as in faiss). Scans the whole database per query."""
+        if self.ntotal == 0:
+            raise ValueError("the index is empty: add() vectors before range_search()")
+        queries = as_float_tensor(x, self.dim, "queries")
+        scores, positions = self._search(queries, self.ntotal)
+        scores = np.asarray(scores, dtype=np.float32)
+        keep = scores > float(radius)
+        lims = np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.int64)
+        ids = self.labels[np.asarray(positions, dtype=np.int64)[keep]]
+        return _like(lims, x), _like(scores[keep], x), _like(ids, x)
+
+    def remove_ids(self, ids: Any) -> int:
+        """Remove the rows labelled by any of ``ids``; return how many were removed."""
+        ids = _check_ids(ids, None, "ids")
+        positions = np.flatnonzero(np.isin(self.labels, ids))
+        if len(positions):
+            labels = np.delete(self.labels, positions)
+            self._remove_positions(positions)
+            self._labels = labels
+        return int(len(positions))
+
+    def reconstruct(self, key: int) -> np.ndarray:
+        """(dim,) float32: the index's reconstruction of the row labelled ``key``."""
+        matches = np.flatnonzero(self.labels == int(key))
+        if not len(matches):
+            raise KeyError(f"no row labelled {key} in the index")
+        return np.asarray(self._reconstruct(int(matches[0])), dtype=np.float32)
+
+    def reset(self) -> None:
+        """Remove every row (training is kept)."""
+        self._reset()
+        self._labels = None
 
     @abc.abstractmethod
-    def _add(self, x: np.ndarray) -> None:
+    def _add(self, x: torch.Tensor) -> None:
         """Encode validated float32 rows."""
 
     @abc.abstractmethod
-    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Search validated float32 queries with a validated ``k``."""
+    def _search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and storage positions of the top ``k`` for validated float32 queries."""
+
+    @abc.abstractmethod
+    def _remove_positions(self, positions: np.ndarray) -> None:
+        """Drop the rows at sorted storage ``positions``; later rows move up, order kept."""
+
+    @abc.abstractmethod
+    def _reconstruct(self, position: int) -> np.ndarray:
+        """The reconstruction of the row at storage ``position``."""
+
+    @abc.abstractmethod
+    def _reset(self) -> None:
+        """Drop every row."""
 
     # ---------------------------------------------------------------- persistence
     @abc.abstractmethod
@@ -167,22 +273,25 @@ class VectorIndex(abc.ABC):
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Arrays that, together with :meth:`config`, restore the index exactly."""
 
+    @classmethod
+    @abc.abstractmethod
+    def check_saved(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """ValueError unless ``arrays`` are what an index built from ``config`` saves (checked before the
+        index is constructed from a file)."""
+
     @abc.abstractmethod
     def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         """Inverse of :meth:`state_arrays` on an index freshly built from the same config."""
 
     def save(self, path: str | Path) -> Path:
-        """Write the index to one ``.npz`` file (metadata as JSON, arrays as-is); returns the path."""
-        path = Path(path)
-        if path.suffix != ".npz":
-            path = path.with_suffix(path.suffix + ".npz")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"method": self.method, "config": self.config(), "is_trained": self.is_trained}
+        """Write the index to one ``.npz`` file; returns the path (format: :mod:`turboquant.ann.index_file`)."""
+        from turboquant.ann.index_file import write_index_file
+
         arrays = self.state_arrays()
-        if "meta" in arrays:
-            raise ValueError("'meta' is reserved in saved index files")
-        np.savez(path, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
-        return path
+        if self._labels is not None:
+            arrays["labels"] = self._labels
+        meta = {"method": self.method, "config": self.config(), "is_trained": self.is_trained}
+        return write_index_file(path, meta, arrays)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(dim={self.dim}, bits={self.bits}, ntotal={self.ntotal})"

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import faiss
 import numpy as np
+import torch
 
 from turboquant.ann.base import VectorIndex
 
@@ -66,12 +67,22 @@ class FaissIndex(VectorIndex):
     def _train(self, x: np.ndarray) -> None:
         self._index.train(self._pad(x))
 
-    def _add(self, x: np.ndarray) -> None:
-        self._index.add(self._pad(x))
+    def _add(self, x: torch.Tensor) -> None:
+        self._index.add(self._pad(x.cpu().numpy()))
 
-    def _search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        scores, ids = self._index.search(self._pad(queries), k)
+    def _search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores, ids = self._index.search(self._pad(queries.cpu().numpy()), k)
         return scores, ids
+
+    def _remove_positions(self, positions: np.ndarray) -> None:
+        # faiss labels rows by position here (never add_with_ids) and compacts in order on removal
+        self._index.remove_ids(faiss.IDSelectorArray(positions.astype(np.int64)))
+
+    def _reconstruct(self, position: int) -> np.ndarray:
+        return self._index.reconstruct(position)[: self.dim]
+
+    def _reset(self) -> None:
+        self._index.reset()
 
     def config(self) -> dict[str, Any]:
         return {"dim": self.dim, "bits": self.bits}
@@ -79,8 +90,19 @@ class FaissIndex(VectorIndex):
     def state_arrays(self) -> dict[str, np.ndarray]:
         return {"faiss_index": faiss.serialize_index(self._index)}
 
+    @classmethod
+    def check_saved(cls, config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        if set(arrays) != {"faiss_index"}:
+            raise ValueError(f"a faiss-backed index saves one array 'faiss_index', found {sorted(arrays)}")
+        if arrays["faiss_index"].dtype != np.uint8 or arrays["faiss_index"].ndim != 1:
+            raise ValueError("'faiss_index' must be a 1-D uint8 byte string")
+
     def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        index = faiss.deserialize_index(np.ascontiguousarray(arrays["faiss_index"], dtype=np.uint8))
+        self.check_saved(self.config(), arrays)
+        try:
+            index = faiss.deserialize_index(np.ascontiguousarray(arrays["faiss_index"]))
+        except RuntimeError as error:
+            raise ValueError(f"faiss cannot read the saved index: {str(error).splitlines()[0]}") from None
         if index.d != self.padded_dim:
             raise ValueError(f"saved faiss index has d={index.d}, expected {self.padded_dim}")
         self._index = index

@@ -17,7 +17,8 @@ decoded or scored as one unit. Two equivalent evaluations of (★) over a chunk 
   d/g table entries gathered by its bytes. Cost per query and row: d/g gathers, no float decode.
 
 Both return unit-norm scores Σ_j t_j c[idx_j]; callers multiply by ‖x‖. Widths that do not divide 8
-(3, 5, 6, 7 bits) are decoded code by code (``turboquant.unpack_codes``) on the dense path only.
+(3, 5, 6, 7 bits) are unpacked group by group (8 codes fill b bytes: one word, split by shifts) on the
+dense path and for re-ranking.
 The same functions score TurboQuant_prod's 1-bit QJL signs with the two-entry codebook (-1, +1).
 """
 
@@ -26,9 +27,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-import turboquant as tq
+__all__ = ["CodeDecoder", "candidate_scores", "dense_scores", "lut_scores", "lut_tables", "merge_top_k"]
 
-__all__ = ["CodeDecoder", "dense_scores", "lut_scores", "lut_tables", "merge_top_k"]
+_CANDIDATE_FLOATS = 1 << 22  # decoded floats per re-ranking step (16 MiB)
 
 
 class CodeDecoder:
@@ -61,8 +62,25 @@ class CodeDecoder:
         """
         if self.byte_aligned:
             return np.take(self.byte_table, packed, axis=0).reshape(packed.shape[0], self.padded_dim)
-        codes = tq.unpack_codes(torch.from_numpy(packed), self.bits, self.dim).numpy()
-        return np.take(self.centroids, codes)
+        return np.take(self.centroids, self._unpack(packed))
+
+    def _unpack(self, packed: np.ndarray) -> np.ndarray:
+        """(n, bytes_per_row) -> (n, dim) uint8 codes of a width not dividing 8 (``turboquant.pack_codes``
+        layout: every 8 codes fill b bytes, read here as one little-endian word and split by shifts)."""
+        n, b = packed.shape[0], self.bits
+        groups = -(-self.dim // 8)
+        whole = np.zeros((n, groups * b), np.uint8)
+        whole[:, : packed.shape[1]] = packed
+        word_type = np.uint32 if 8 * b <= 32 else np.uint64
+        grouped = whole.reshape(n, groups, b)
+        word = np.zeros((n, groups), word_type)
+        for i in range(b):
+            word |= grouped[:, :, i].astype(word_type) << word_type(8 * i)
+        codes = np.empty((n, groups, 8), np.uint8)
+        mask = word_type((1 << b) - 1)
+        for j in range(8):
+            codes[:, :, j] = (word >> word_type(b * j)) & mask
+        return codes.reshape(n, groups * 8)[:, : self.dim]
 
     def pad_queries(self, rotated_queries: np.ndarray) -> np.ndarray:
         """Zero-pad query coordinates to ``padded_dim`` so padding codes contribute nothing."""
@@ -74,6 +92,22 @@ def dense_scores(rotated_queries: np.ndarray, packed: np.ndarray, decoder: CodeD
     """(m, dim) rotated queries · decoded (n, ·) codes -> (m, n) unit-norm scores Σ_j t_j c[idx_j]."""
     queries = torch.from_numpy(np.ascontiguousarray(decoder.pad_queries(rotated_queries), dtype=np.float32))
     return queries @ torch.from_numpy(decoder.decode(packed)).T
+
+
+def candidate_scores(
+    rotated_queries: np.ndarray, packed: np.ndarray, candidates: np.ndarray, decoder: CodeDecoder
+) -> np.ndarray:
+    """(m, c) unit-norm scores Σ_j t_ij c[idx_j] of query i against the rows ``candidates[i]`` (m, c) of
+    ``packed`` (n, ·): the candidates' codes are gathered and decoded, a few queries at a time."""
+    queries = decoder.pad_queries(rotated_queries).astype(np.float32, copy=False)
+    m, c = candidates.shape
+    out = np.empty((m, c), np.float32)
+    step = max(1, _CANDIDATE_FLOATS // max(1, c * decoder.padded_dim))
+    for first in range(0, m, step):
+        rows = candidates[first : first + step]
+        decoded = decoder.decode(packed[rows.ravel()]).reshape(rows.shape[0], c, decoder.padded_dim)
+        out[first : first + step] = np.matmul(decoded, queries[first : first + step, :, None])[:, :, 0]
+    return out
 
 
 def lut_tables(rotated_queries: np.ndarray, decoder: CodeDecoder) -> np.ndarray:
