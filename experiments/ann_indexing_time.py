@@ -59,7 +59,7 @@ from experiments.ann_recall import (
     markdown_table,
     set_threads,
 )
-from experiments.coverage import grid_coverage
+from experiments.coverage import GridCoverage, grid_coverage
 from experiments.data.embeddings import EmbeddingDataset
 from experiments.io import ResultStore, experiment_sizes
 from experiments.plotting import figure_style, save_figure
@@ -464,7 +464,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
         paths = save_figure(fig, figures_dir, stem, coverage)
     table = Path(figures_dir) / f"{coverage.stem(stem)}_table2.md"
     table.write_text(table2_markdown(df))
-    return [*paths, *_plot_qps_recall(df, figures_dir, f"ann_qps_recall_{n_base // 1000}k"), table]
+    return [*paths, *_plot_qps_recall(df, figures_dir, f"ann_qps_recall_{n_base // 1000}k", coverage), table]
 
 
 def _data_note(df: pd.DataFrame) -> str:
@@ -485,7 +485,7 @@ def _search_labels(searches: pd.DataFrame) -> pd.Series:
                       for label, s in zip(searches["method_label"], searches["scorer"])], index=searches.index)
 
 
-def _plot_qps_recall(df: pd.DataFrame, figures_dir: str | Path, stem: str) -> list[Path]:
+def _plot_qps_recall(df: pd.DataFrame, figures_dir: str | Path, stem: str, coverage: GridCoverage) -> list[Path]:
     """Queries/s against recall@1@k (k = the search k), one panel per data set, every index and scorer:
     filled markers for the batched search, open markers for one query at a time (ANN-benchmarks' plot)."""
     searches = df[df["measure"] == "search"].copy()
@@ -523,4 +523,4 @@ def _plot_qps_recall(df: pd.DataFrame, figures_dir: str | Path, stem: str) -> li
         fig.tight_layout()
         searches.attrs = df.attrs
         fig.text(0.01, -0.02, _data_note(searches), fontsize=6, va="top", ha="left")
-        return save_figure(fig, figures_dir, stem)
+        return save_figure(fig, figures_dir, stem, coverage)

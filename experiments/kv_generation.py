@@ -59,9 +59,17 @@ class Generation:
     @property
     def text(self) -> str:
         """The continuation of a one-prompt batch."""
+        return self.texts[self._only_row()]
+
+    @property
+    def new_token_count(self) -> int:
+        """The generated tokens of a one-prompt batch."""
+        return self.new_tokens[self._only_row()]
+
+    def _only_row(self) -> int:
         if len(self.texts) != 1:
-            raise ValueError(f"this generation has {len(self.texts)} rows; read .texts")
-        return self.texts[0]
+            raise ValueError(f"this generation has {len(self.texts)} rows; read .texts / .new_tokens")
+        return 0
 
 
 @dataclass(frozen=True)

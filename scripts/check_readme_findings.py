@@ -7,7 +7,8 @@ The findings section runs from the line starting with ``Findings`` to the next `
 there (one with a decimal point, or followed by ``×`` / ``%``; inline code is skipped) is *carried* when a
 number in the comparison data rounds to it at the README's printed precision (a percentage may also be
 a fraction: 24.2% is carried by 0.2421). The comparison data are the generated reports of the committed
-results: ``results/comparison.md``, every ``results/**/*.md`` and ``figures/*.md``.
+results: ``results/comparison.md``, every ``results/**/*.md`` and ``figures/**/*.md``, and the benchmark records
+``benchmarks/*.md`` (measured times with the command that made them).
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def numbers_in(text: str, checked_only: bool = False) -> list[PrintedNumber]:
 
 def comparison_files(root: Path = REPO_ROOT) -> list[Path]:
     """The generated reports of the committed results."""
-    return sorted({root / "results" / "comparison.md", *(root / "results").rglob("*.md"), *(root / "figures").glob("*.md")})
+    return sorted({root / "results" / "comparison.md", *(root / "results").rglob("*.md"), *(root / "figures").rglob("*.md"),
+                   *(root / "benchmarks").glob("*.md")})
 
 
 def carried_values(paths: Iterable[Path]) -> list[float]:

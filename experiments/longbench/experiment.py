@@ -117,7 +117,7 @@ def generate(
     )
     return {
         "prediction": result.text,
-        "new_tokens": result.new_tokens,
+        "new_tokens": result.new_token_count,
         "seconds": result.seconds,
         "cache_nbytes": result.cache_nbytes,
         "memory_ratio": result.memory_ratio,

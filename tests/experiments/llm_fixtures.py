@@ -49,7 +49,8 @@ def build_tokenizer(training_text: str):
 
 
 def save_tiny_llama(folder: Path, seed: int = 0, head_dim: int = 16) -> Path:
-    """Write a 2-layer random Llama (4 heads, 2 KV heads, ``head_dim``) and its tokenizer into ``folder``."""
+    """Write a 6-layer random Llama (4 heads, 2 KV heads, ``head_dim``) and its tokenizer into ``folder`` (6 layers:
+    the method configs that keep boundary layers in 16 bits, vLLM's 2 per side included, still quantize some)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tokenizer(haystack_text(50) + " The best thing to do in San Francisco is eat a sandwich.")
@@ -58,7 +59,7 @@ def save_tiny_llama(folder: Path, seed: int = 0, head_dim: int = 16) -> Path:
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=6,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=head_dim,

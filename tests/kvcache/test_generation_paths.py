@@ -60,7 +60,7 @@ def test_fused_path_runs_and_matches_the_workspace_path(loaded, prompt_ids, monk
     assert (fused.attention_path, workspace.attention_path) == ("fused", "workspace")
     layers = loaded.model.config.num_hidden_layers
     assert len(calls) == (NEW_TOKENS - 1) * layers  # every decode step of every layer read the packed store
-    assert fused.text == workspace.text and fused.new_tokens == (NEW_TOKENS,)
+    assert fused.text == workspace.text and fused.new_token_count == NEW_TOKENS
     assert fused.cache_nbytes == workspace.cache_nbytes and fused.memory_ratio == workspace.memory_ratio
     assert fused.cache_allocated_nbytes >= fused.cache_nbytes
     assert loaded.model.config._attn_implementation == implementation  # restored after generation

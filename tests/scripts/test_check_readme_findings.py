@@ -60,7 +60,5 @@ def test_rounding_is_at_the_printed_precision() -> None:
     assert percent.carried_by(0.2883) and percent.carried_by(28.84) and not percent.carried_by(0.29)
 
 
-@pytest.mark.xfail(strict=True, reason="README.md's findings still quote needle / LongBench / kernel numbers that no "
-                   "committed comparison data carry; issue 13's report has the replacement text: remove this mark with it")
 def test_the_readme_findings_are_carried_by_the_committed_comparison() -> None:
     assert checker.main([]) == 0
