@@ -48,9 +48,9 @@ def build_tokenizer(training_text: str):
     return fast
 
 
-def save_tiny_llama(folder: Path, seed: int = 0, head_dim: int = 16) -> Path:
-    """Write a 6-layer random Llama (4 heads, 2 KV heads, ``head_dim``) and its tokenizer into ``folder`` (6 layers:
-    the method configs that keep boundary layers in 16 bits, vLLM's 2 per side included, still quantize some)."""
+def save_tiny_llama(folder: Path, seed: int = 0, head_dim: int = 16, num_layers: int = 2) -> Path:
+    """Write a random Llama (``num_layers`` layers, 4 heads, 2 KV heads, ``head_dim``) and its tokenizer into
+    ``folder``. Runs over every method config need ``num_layers >= 5``: vLLM's presets keep 2 layers per side in 16 bits."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tokenizer(haystack_text(50) + " The best thing to do in San Francisco is eat a sandwich.")
@@ -59,7 +59,7 @@ def save_tiny_llama(folder: Path, seed: int = 0, head_dim: int = 16) -> Path:
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=6,
+        num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=head_dim,

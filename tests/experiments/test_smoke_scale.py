@@ -71,7 +71,7 @@ def test_needle_smoke(tmp_path: Path) -> None:
     cfg = smoke_config(tmp_path, "experiment=needle", "experiment.generation.max_new_tokens=4")
     with open_dict(cfg):
         cfg.model = {"name": "tiny", "display_name": "tiny random Llama", "dtype": "float32",
-                     "pretrained": str(save_tiny_llama(tmp_path / "tiny_llama", head_dim=64))}  # KIVI: groups of 32
+                     "pretrained": str(save_tiny_llama(tmp_path / "tiny_llama", head_dim=64, num_layers=6))}  # KIVI: groups of 32; vLLM: 2+2 fp16 layers
     frame = run_and_check(cfg, tmp_path)
     seeds = len(cfg.experiment.method_seeds)
     randomized = sum("seed" in method.options for method in cfg.experiment.methods.values())
