@@ -36,13 +36,6 @@ stored_frame = needle.stored_frame  # the same cells, the same identity
 __all__ = ["RESULT_KEYS", "run", "write_tables", "ablation_table", "best_row", "plot"]
 
 
-def _seed_se(rows: pd.DataFrame, column: str) -> float:
-    """Standard error over seeds of the per-seed mean of ``column`` (NaN with one seed)."""
-    seeds = rows["method_seed"].fillna(-1) if "method_seed" in rows else pd.Series(-1, index=rows.index)
-    per_seed = rows.groupby(seeds)[column].mean()
-    return float(per_seed.std(ddof=1) / math.sqrt(len(per_seed))) if len(per_seed) > 1 else float("nan")
-
-
 def ablation_table(df: pd.DataFrame, budget: float, order: list[str]) -> pd.DataFrame:
     """One row per method: needle score, answer log-probability, peak memory, each with its seed spread."""
     if df.empty:
@@ -52,15 +45,16 @@ def ablation_table(df: pd.DataFrame, budget: float, order: list[str]) -> pd.Data
     for method in [m for m in order if m in set(df["method"])]:
         cells = df[df["method"] == method]
         peak = float(cells["peak_memory_ratio"].max())
+        seeds, score_se = needle.seed_spread(cells)
         rows.append({
             "method": method,
             "label": cells["method_label"].iloc[0],
-            "seeds": int(cells["method_seed"].nunique()) if cells["method_seed"].notna().any() else 1,
+            "seeds": seeds,
             "cells": len(cells),
             "needle_score": float(cells["score"].mean()),
-            "needle_se": _seed_se(cells, "score"),
+            "needle_se": score_se,
             "answer_logprob": float(cells["reference_answer_logprob"].mean()) if logprob else float("nan"),
-            "answer_logprob_se": _seed_se(cells, "reference_answer_logprob") if logprob else float("nan"),
+            "answer_logprob_se": needle.seed_spread(cells, "reference_answer_logprob")[1] if logprob else float("nan"),
             "peak_memory_ratio": peak,
             "within_budget": peak <= budget + 1e-9,
             "attention_path": ",".join(sorted(set(cells["attention_path"].astype(str)))),

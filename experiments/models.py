@@ -291,12 +291,8 @@ def _model_cache_root(spec: ModelSpec) -> Path:
     return _resolve(spec.cache_dir) if spec.cache_dir is not None else cache_root() / "models"
 
 
-def _local_gguf(spec: ModelSpec) -> Path:
-    """The GGUF file named by ``pretrained`` + ``gguf_file``, checked against ``gguf_sha256`` when given."""
-    assert spec.pretrained is not None and spec.gguf_file is not None
-    path = _resolve(spec.pretrained) / spec.gguf_file
-    if not path.is_file():
-        raise ValueError(f"model {spec.name!r}: GGUF file {path} does not exist")
+def _checked_local_gguf(spec: ModelSpec, path: Path) -> Path:
+    """``path`` (the spec's local ``gguf_file``), checked against ``gguf_sha256`` when given."""
     if spec.gguf_sha256 is not None:
         digest = sha256_of_files([path])
         if digest != spec.gguf_sha256:
@@ -332,7 +328,7 @@ def _converted_gguf_model(spec: ModelSpec, dtype: str) -> tuple[Path, dict[str, 
         return out_dir, {**stored, "converted_dir": str(out_dir), "converted_now": False}
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as work:  # an assembled split file can be large
-        gguf_path = packaged_gguf_file(packaged, Path(work)) if packaged is not None else _local_gguf(spec)
+        gguf_path = packaged_gguf_file(packaged, Path(work)) if packaged is not None else _checked_local_gguf(spec, local)
         import transformers
 
         provenance["transformers"] = transformers.__version__

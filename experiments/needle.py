@@ -467,12 +467,12 @@ def _method_order(df: pd.DataFrame, order: list[str] | None) -> list[str]:
     return [m for m in order if m in present] + [m for m in present if m not in order] if order else present
 
 
-def seed_spread(rows: pd.DataFrame) -> tuple[int, float]:
-    """``(seeds, standard error)`` of a method's mean score over its seeds: the std of the per-seed means
+def seed_spread(rows: pd.DataFrame, column: str = "score") -> tuple[int, float]:
+    """``(seeds, standard error)`` of a method's mean ``column`` over its seeds: the std of the per-seed means
     over sqrt(seeds) (NaN with one seed; the cells are shared by all seeds, so this is the spread due to
     the quantizer's random draw alone; rows without a ``method_seed`` column are one seed)."""
     seeds = rows["method_seed"].fillna(-1) if "method_seed" in rows else pd.Series(-1, index=rows.index)
-    per_seed = rows.groupby(seeds, sort=False)["score"].mean()
+    per_seed = rows.groupby(seeds, sort=False)[column].mean()
     n = len(per_seed)
     return n, float(per_seed.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
 

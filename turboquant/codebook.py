@@ -197,7 +197,7 @@ def cache_dir() -> Path:
     """Directory of on-disk caches: $TURBOQUANT_CACHE_DIR, else the user cache dir."""
     override = os.environ.get("TURBOQUANT_CACHE_DIR")
     if override:
-        return Path(override)
+        return Path(override).expanduser()
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("turboquant-repro"))

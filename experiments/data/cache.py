@@ -7,17 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-CACHE_ENV_VAR = "TURBOQUANT_CACHE_DIR"
+from turboquant.codebook import cache_dir
 
 
 def cache_root() -> Path:
-    """``$TURBOQUANT_CACHE_DIR`` if set, else the user cache dir (e.g. ~/.cache/turboquant-repro)."""
-    override = os.environ.get(CACHE_ENV_VAR)
-    if override:
-        return Path(override).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("turboquant-repro"))
+    """``$TURBOQUANT_CACHE_DIR`` if set, else the user cache dir (e.g. ~/.cache/turboquant-repro): the library's
+    own cache folder (:func:`turboquant.codebook.cache_dir`), shared by codebooks, data and converted models."""
+    return cache_dir()
 
 
 def save_array_atomically(path: Path, array: np.ndarray) -> None:

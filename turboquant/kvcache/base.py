@@ -62,8 +62,12 @@ from turboquant._validation import check_int, check_vectors
 REFERENCE_BYTES_PER_VALUE = 2  # the model's 16-bit (fp16 / bf16) cache
 
 
-def peak_ratio_over(ratio_at: Callable[[int], float], context_length: int, max_new_tokens: int | None) -> float:
-    """``max_t ratio_at(t)`` over the lengths a generation passes through, ``context_length .. + max_new_tokens``."""
+def peak_ratio_over(ratio_at: Callable[[int | None], float], context_length: int | None,
+                    max_new_tokens: int | None) -> float:
+    """``max_t ratio_at(t)`` over the lengths a generation passes through, ``context_length .. + max_new_tokens``;
+    without a ``context_length``, the steady state ``ratio_at(None)``."""
+    if context_length is None:
+        return ratio_at(None)
     if context_length < 1:
         raise ValueError(f"context_length must be >= 1, got {context_length}")
     return max(ratio_at(t) for t in range(context_length, context_length + (max_new_tokens or 0) + 1))

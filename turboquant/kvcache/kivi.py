@@ -163,8 +163,6 @@ def kivi_bits_for_memory_ratio(memory_ratio: float, d: int, group_size: int, res
     """Largest bit width whose ratio is at most ``memory_ratio`` at its peak over ``tokens .. tokens +
     max_new_tokens`` (or in the steady state when ``tokens`` is None)."""
     def ratio(bits: int) -> float:
-        if tokens is None:
-            return kivi_memory_ratio(d, bits, group_size, residual_length, None)
         return peak_ratio_over(lambda t: kivi_memory_ratio(d, bits, group_size, residual_length, t), tokens,
                                max_new_tokens)
 

@@ -189,8 +189,6 @@ def polar_level_bits_for_memory_ratio(memory_ratio: float, head_dim: int, residu
     """The costliest ``(b1, b2, ..., b2)`` configuration (``b2 <= b1``) whose ratio fits ``memory_ratio`` at its peak
     over ``tokens .. tokens + max_new_tokens`` (in the steady state when ``tokens`` is None)."""
     def ratio(config: tuple[int, ...]) -> float:
-        if tokens is None:
-            return polar_memory_ratio(head_dim, config, residual_length, None)
         return peak_ratio_over(lambda t: polar_memory_ratio(head_dim, config, residual_length, t), tokens,
                                max_new_tokens)
 

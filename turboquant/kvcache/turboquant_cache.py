@@ -470,8 +470,6 @@ def build_turboquant_cache(
         options["fp16_layers"] = tuple(options["fp16_layers"])
     if memory_ratio is not None:
         def peak(config: TurboQuantCacheConfig) -> float:
-            if context_length is None:
-                return memory_ratio_at(config, shape, None)
             return peak_ratio_over(lambda t: memory_ratio_at(config, shape, t), context_length, max_new_tokens)
 
         fitting = [b for b in PRESET_BITS
