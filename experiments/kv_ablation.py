@@ -128,14 +128,18 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
                                  (axes[1], "answer_logprob", "log p(full cache's answer), nats")):
             bars = ax.barh(y, table[column], xerr=table[column.replace("score", "se") if column == "needle_score"
                                                         else "answer_logprob_se"].fillna(0), color="#4C72B0")
-            for bar, fits in zip(bars, table["within_budget"]):
-                if not fits:
+            for bar, fits, peak in zip(bars, table["within_budget"], table["peak_memory_ratio"]):
+                if peak >= 1.0:  # the 16-bit reference: no budget applies
+                    bar.set_facecolor("#555555")
+                elif not fits:
                     bar.set_hatch("//")
                     bar.set_facecolor("#BBBBBB")
             ax.set_xlabel(name)
             ax.invert_yaxis() if ax is axes[0] else None
         axes[0].set_yticks(y, labels)
         axes[0].set_xlim(0, 1.05)
-        fig.suptitle(figure_title(f"KV-cache ablation at {budget:.0%} peak memory (hatched: over budget), mean ± SE "
-                                  "over rotation seeds", provenance))
+        contexts = ", ".join(f"{int(c) // 1000}K" for c in sorted(df["context"].unique()))
+        fig.suptitle(figure_title(f"KV-cache ablation, {contexts} x {df['depth'].nunique()} depths, at {budget:.0%} peak "
+                                  "memory (hatched: over budget; dark: the 16-bit cache), mean ± SE over rotation seeds",
+                                  provenance))
         return save_figure(fig, figures_dir, f"kv_ablation_{cfg.model.name}")
