@@ -112,6 +112,9 @@ def layer_errors(model, layers: list[dict[str, torch.Tensor]], method: KVMethod)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2_135m", help="a configs/model/ name")
+    parser.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of the model config (repeatable), e.g. pretrained=/data/q15 "
+                             "gguf_file=q.gguf packaged_gguf=null, as run.py's model.KEY=VALUE")
     parser.add_argument("--methods", default="turboquant_3p5,turboquant_3p5_centered,kivi_3bit,polarquant")
     parser.add_argument("--seeds", default="0,1,2", help="method seeds for methods with random state")
     parser.add_argument("--context", type=int, default=1536)
@@ -120,7 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "kv_attention_error.csv")
     args = parser.parse_args(argv)
 
-    spec = model_spec_from_config(OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"))
+    model_cfg = OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml")
+    for item in args.model_set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--model-set takes KEY=VALUE, got {item!r}")
+        OmegaConf.update(model_cfg, key, None if value == "null" else value, force_add=True)
+    spec = model_spec_from_config(model_cfg)
     loaded = load_model(spec)
     task_cfg = config_to_dict(OmegaConf.load(CONFIGS / "needle_task" / "sf_sandwich.yaml"))
     task = NeedleTask(**task_cfg)
