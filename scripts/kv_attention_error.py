@@ -109,6 +109,28 @@ def layer_errors(model, layers: list[dict[str, torch.Tensor]], method: KVMethod)
     return rows
 
 
+MEASURES = ("key_error", "value_error", "logit_error_std", "output_error", "memory_ratio")
+
+
+def write_summary(table: pd.DataFrame, path: Path, title: str) -> None:
+    """Markdown beside the per-layer CSV: each method's means over layers (mean +- SE over seeds), and the
+    per-layer logit-error std (mean over seeds), which shows where in the model the attention logits are perturbed."""
+    per_seed = table.groupby(["method", "seed"], dropna=False)[list(MEASURES)].mean()
+    grouped = per_seed.groupby(level="method", sort=False)
+    mean, se = grouped.mean(), grouped.sem().fillna(0.0)
+    order = list(dict.fromkeys(table["method"]))
+    lines = [f"# {title}", "", "Mean over layers; ± is the standard error over rotation seeds.", "",
+             "| method | seeds | " + " | ".join(MEASURES) + " |", "|---|---|" + "---|" * len(MEASURES)]
+    for method in order:
+        cells = [f"{mean.loc[method, c]:.3f} ± {se.loc[method, c]:.3f}" for c in MEASURES]
+        lines.append(f"| {method} | {grouped.size()[method]} | " + " | ".join(cells) + " |")
+    layers = table.pivot_table(index="layer", columns="method", values="logit_error_std", aggfunc="mean")[order]
+    lines += ["", "Logit-error std per layer (mean over seeds):", "",
+              "| layer | " + " | ".join(order) + " |", "|---|" + "---|" * len(order)]
+    lines += [f"| {layer} | " + " | ".join(f"{v:.3f}" for v in row) + " |" for layer, row in layers.iterrows()]
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2_135m", help="a configs/model/ name")
@@ -121,7 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=float, default=0.5)
     parser.add_argument("--queries", type=int, default=64, help="last prompt positions whose attention is measured")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "kv_attention_error.csv")
+    parser.add_argument("--summarize", type=Path, metavar="CSV",
+                        help="only write the markdown summary of a CSV this script wrote (beside it), computing nothing")
+    parser.add_argument("--title", default=None, help="the summary's title (default: model, prompt and queries)")
     args = parser.parse_args(argv)
+    if args.summarize is not None:
+        write_summary(pd.read_csv(args.summarize), args.summarize.with_suffix(".md"),
+                      args.title or f"Attention perturbation per layer ({args.summarize.name})")
+        return 0
 
     model_cfg = OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml")
     for item in args.model_set:
@@ -147,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     table = pd.concat(frames, ignore_index=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False)
-    summary = table.groupby(["method", "seed"], dropna=False)[
-        ["key_error", "value_error", "logit_error_std", "output_error", "memory_ratio"]].mean()
+    title = args.title or (f"Attention perturbation per layer: {spec.display_name}, needle prompt of "
+                           f"{prompt.prompt_tokens} tokens at depth {args.depth}, last {args.queries} queries")
+    write_summary(table, args.out.with_suffix(".md"), title)
+    summary = table.groupby(["method", "seed"], dropna=False)[list(MEASURES)].mean()
     print(f"\n{spec.display_name}, needle prompt of {prompt.prompt_tokens} tokens at depth {args.depth}, "
           f"last {args.queries} queries; mean over {len(layers)} layers:\n{summary.round(4).to_string()}")
     print(f"per-layer rows written to {args.out}")
