@@ -23,10 +23,9 @@ Search paths (``search_path``):
   lookup tables; the candidates are then re-scored with the exact estimator above (norms, per-vector QJL
   weights) and the best k returned. Queries whose candidates cannot rule out a better unseen row (a bound
   from the largest norm and the candidate-score error seen) get more candidates, so the answer is the
-  dense scorer's unless that error estimate is exceeded. It is exceeded on some data: faiss's 8-bit /
-  16-bit fast-scan accumulation at M = 768-1536 sub-quantizers misses rows whose score stands far above
-  the rest (a 384-d subspace lifted to 1536-d: R@1@1 0.58 against the dense scorer's 0.93 for prod,
-  benchmarks/NOTES.md), so it is not the default.
+  dense scorer's unless that error estimate is exceeded. faiss sums 8-bit table entries in 16 bits; a
+  guard sub-quantizer keeps every sum below 2¹⁶ (:mod:`turboquant.ann.fastscan`), without which rows
+  scoring far above the rest wrapped around at M ≳ 260 sub-quantizers (benchmarks/NOTES.md).
 * ``"dense"`` / ``"lut"`` (CPU): every stage scored chunk by chunk with :mod:`turboquant.ann.scoring` —
   decoding a chunk through a byte table and one GEMM with all queries, or per-query byte lookup tables —
   and a running top-k merged across chunks.
