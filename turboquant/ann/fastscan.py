@@ -44,9 +44,10 @@ over its OpenMP threads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import faiss
 import numpy as np
@@ -56,6 +57,7 @@ import turboquant as tq
 
 __all__ = ["FastScanCodes", "FastScanLayout", "FastScanStage"]
 
+T, R = TypeVar("T"), TypeVar("R")
 _CODE_BITS = 4  # faiss fast-scan sub-quantizer codes
 _BLOCK = 32  # faiss fast-scan block size (bbs): vectors whose codes are interleaved for one SIMD scan
 #: the largest 16-bit accumulator sum the guard allows: 2¹⁶ − 1 less a float32-rounding allowance
@@ -99,6 +101,9 @@ class FastScanLayout:
             offset += self.group * stage.bits
         #: (16, sub_dim) float32: the centroid of nibble v, the same for every sub-quantizer
         self.centroids = np.stack(columns, axis=1).astype(np.float32)
+        # each column takes its values on its own bit field and the 16 nibbles run over every combination of
+        # fields, so a table's span is Σ_i |query_i| · ptp(column i) (no (m, M, 16) tables are formed per query)
+        self._column_spans = np.ptp(self.centroids.astype(np.float64), axis=0).astype(np.float32)
         # the guard sub-quantizer (module docstring): direction (1, …, 1), whose smallest entry v₀ every row holds
         guard_values = self.centroids.astype(np.float64).sum(axis=1)
         self._guard_code = int(np.argmin(guard_values))
@@ -128,8 +133,7 @@ class FastScanLayout:
         m, padded = transformed[0].shape[0], self.n_sub * self.group
         parts = [np.pad(t, ((0, 0), (0, padded - self.dim))).reshape(m, self.n_sub, self.group) for t in transformed]
         sub = np.concatenate(parts, axis=2).astype(np.float32, copy=False)  # (m, n_sub, sub_dim)
-        tables = sub @ self.centroids.T  # (m, n_sub, 16): faiss's float tables
-        spans = (tables.max(axis=2) - tables.min(axis=2)).astype(np.float64)
+        spans = (np.abs(sub) @ self._column_spans).astype(np.float64)  # (m, n_sub): spans of faiss's float tables
         needed = 255 * spans.sum(axis=1) / (_ACCUMULATOR_MAX - self.n_sub)
         guard_span = np.where(needed > spans.max(axis=1), needed, 0.0)
         scale = guard_span / self._guard_span
@@ -191,6 +195,19 @@ class FastScanCodes:
     def ntotal(self) -> int:
         return sum(int(shard.ntotal) for shard in self._shards)
 
+    @property
+    def threads(self) -> int:
+        """Threads :meth:`map` runs on (the calling thread and the pool): one per shard."""
+        return len(self._shards)
+
+    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """``[fn(item) for item in items]``, the first on the calling thread and the others on the pool (at most
+        ``threads`` at a time); for work that releases the GIL (faiss searches, NumPy gathers and products)."""
+        if self._pool is None or len(items) < 2:
+            return [fn(item) for item in items]
+        others = [self._pool.submit(fn, item) for item in items[1:]]
+        return [fn(items[0]), *(future.result() for future in others)]
+
     def add(self, packed: Sequence[np.ndarray]) -> None:
         """Append rows given as each stage's packed codes (converted to the blocked layout here, once)."""
         codes, start, count = self.layout.codes(packed), self.ntotal, len(self._shards)
@@ -210,12 +227,9 @@ class FastScanCodes:
             scores, ids = shard.search(queries, min(k, int(shard.ntotal)))
             return scores, ids * len(self._shards) + s
 
-        parallel = self._pool is not None and queries.shape[0] < len(shards)  # faiss: one query, one thread
-        if parallel and self.ntotal * self.layout.code_size >= _PARALLEL_MIN_BYTES:
-            others = [self._pool.submit(scan, item) for item in shards[1:]]
-            results = [scan(shards[0]), *(future.result() for future in others)]
-        else:  # faiss splits the queries over its threads
-            results = [scan(item) for item in shards]
+        # faiss scans one query on one thread, and splits a batch of queries over its own threads
+        parallel = queries.shape[0] < len(shards) and self.ntotal * self.layout.code_size >= _PARALLEL_MIN_BYTES
+        results = self.map(scan, shards) if parallel else [scan(item) for item in shards]
         scores = np.concatenate([r[0] for r in results], axis=1)
         ids = np.concatenate([r[1] for r in results], axis=1)
         if len(results) > 1:
