@@ -18,7 +18,8 @@ slow ones (pq, rabitq, exact) in one round. A round times ``--single`` queries o
 (stated in its rows). Recall@1@1 and recall@1@k (k = ``--k``) against the exact top-1, on the batch's queries.
 
 Writes ``<out>/ann_search.json`` (rows, saved after every config: a rerun skips configs already there, so a
-killed run resumes), ``<out>/ann_search.md`` (the table and the TurboQuant / PQ fast-scan ratios) and
+killed run resumes), ``<out>/ann_search.md`` (the table, where one profiled TurboQuant batch spends its time, and the TurboQuant /
+PQ fast-scan ratios) and
 ``<out>/ann_qps_recall.png``/``.pdf`` (queries/s against recall@1@k per config: the ANN benchmarks' plot).
 """
 from __future__ import annotations
@@ -72,6 +73,31 @@ def _timed_pass(index: Any, queries: np.ndarray, single: int, k: int) -> tuple[f
     return one, time.perf_counter() - start, ids
 
 
+#: where a TurboQuant batch search spends its time (cProfile cumulative seconds of these functions)
+PHASES = {"transform": "_transform", "scan": "search", "rerank": "_candidate_scores"}
+
+
+def _phases(index: Any, queries: np.ndarray, k: int) -> dict[str, float]:
+    """Seconds of one profiled batch search of a fast-scan TurboQuant index in its query transform, the faiss
+    scan (``FastScanCodes.search``, all shards) and the exact re-rank, and in all (``batch_profiled_s``)."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    start = time.perf_counter()
+    index.search(queries, k)
+    total = time.perf_counter() - start
+    profile.disable()
+    stats = pstats.Stats(profile).stats  # (file, line, function) -> (calls, _, own s, cumulative s, callers)
+    out = {"batch_profiled_s": total}
+    for phase, function in PHASES.items():
+        wanted = "fastscan.py" if phase == "scan" else "turboquant_index.py"
+        out[f"batch_{phase}_s"] = sum(v[3] for (file, _, name), v in stats.items()
+                                      if name == function and file.endswith(wanted))
+    return out
+
+
 def bench_config(dim: int, bits: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Rows of one (d, bits): build seconds, one-query ms, batch queries/s and recall per index."""
     from turboquant.ann import recall_at_1_at_k
@@ -99,8 +125,10 @@ def bench_config(dim: int, bits: int, args: argparse.Namespace) -> list[dict[str
             row.update(one_query_ms=min(row["one_query_ms"], 1e3 * one), batch_s=min(row["batch_s"], batch_s),
                        rounds=row["rounds"] + 1, recall_at_1=recall[1], recall_at_k=recall[args.k], k=args.k,
                        load_average=os.getloadavg()[0])
-    for row in rows.values():
+    for method, row in rows.items():
         row["batch_queries_per_s"] = row["batch"] / row["batch_s"]
+        if method.startswith("turboquant"):
+            row.update(_phases(indexes[method], queries, args.k))
     return list(rows.values())
 
 
@@ -114,6 +142,14 @@ def markdown(df: pd.DataFrame, header: dict[str, Any]) -> str:
         lines.append(f"| {r.dim} | {r.bits} | {r.method} | {r.build_s:.3g} | {r.one_query_ms:.3g} | {r.batch} | "
                      f"{r.batch_queries_per_s:.4g} | {r.recall_at_1:.3f} | {r.recall_at_k:.3f} | {r.rounds} | "
                      f"{r.load_average:.2f} |")
+    lines += ["", "TurboQuant batch, one profiled search (cProfile): seconds in the query transform, the faiss scan "
+              "(all shards) and the exact re-rank, beside IndexPQFastScan's fastest batch:", "",
+              "| d | bits | index | profiled s | transform s | scan s | re-rank s | PQFastScan batch s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for _, r in df[df["method"].str.startswith("turboquant")].iterrows():
+        pq = df[(df["dim"] == r.dim) & (df["bits"] == r.bits) & (df["method"] == "pq_fastscan")]["batch_s"]
+        lines.append(f"| {r.dim} | {r.bits} | {r.method} | {r.batch_profiled_s:.3g} | {r.batch_transform_s:.3g} | "
+                     f"{r.batch_scan_s:.3g} | {r.batch_rerank_s:.3g} | {pq.iloc[0] if len(pq) else float('nan'):.3g} |")
     lines += ["", "TurboQuant / IndexPQFastScan (> 1: TurboQuant faster), same run:", ""]
     for (dim, bits), part in df.groupby(["dim", "bits"]):
         by = part.set_index("method")

@@ -39,7 +39,8 @@ are re-ranked. Bit widths b with 4 mod b ≠ 0 (3, 5-8 bits) have no 4-bit sub-q
 Single queries: faiss scans one query on one thread, so the rows are dealt round-robin to ``shards``
 fast-scan indexes (row i to shard i mod shards) that are scanned in parallel threads once there are
 8 MiB of codes or more; a batch of queries is scanned shard after shard, faiss splitting the queries
-over its OpenMP threads.
+over its OpenMP threads (each shard call builds the batch's lookup tables again). The same threads
+(:meth:`FastScanCodes.map`) serve the caller's re-rank of a batch.
 """
 
 from __future__ import annotations
