@@ -18,8 +18,8 @@ slow ones (pq, rabitq, exact) in one round. A round times ``--single`` queries o
 (stated in its rows). Recall@1@1 and recall@1@k (k = ``--k``) against the exact top-1, on the batch's queries.
 
 Writes ``<out>/ann_search.json`` (rows, saved after every config: a rerun skips configs already there, so a
-killed run resumes), ``<out>/ann_search.md`` (the table, where one profiled TurboQuant batch spends its time, and the TurboQuant /
-PQ fast-scan ratios) and
+killed run resumes), ``<out>/ann_search.md`` (the table, where one profiled TurboQuant batch spends its
+time, and the TurboQuant / PQ fast-scan ratios) and
 ``<out>/ann_qps_recall.png``/``.pdf`` (queries/s against recall@1@k per config: the ANN benchmarks' plot).
 """
 from __future__ import annotations
@@ -40,7 +40,8 @@ __all__ = ["bench_config", "main", "markdown", "plot"]
 
 _TQ = {"rotation": "hadamard", "scorer": "fastscan"}
 #: row label -> (turboquant.ann method, constructor options); "1 shard": the fast-scan rows in one faiss index
-FAST = {"turboquant_mse": ("turboquant_mse", _TQ), "turboquant_mse_1shard": ("turboquant_mse", {**_TQ, "fastscan_shards": 1}),
+FAST = {"turboquant_mse": ("turboquant_mse", _TQ),
+        "turboquant_mse_1shard": ("turboquant_mse", {**_TQ, "fastscan_shards": 1}),
         "turboquant_prod": ("turboquant_prod", _TQ), "pq_fastscan": ("pq_fastscan", {})}
 SLOW = {"pq": ("pq", {}), "rabitq": ("rabitq", {}), "exact": ("exact", {})}
 
@@ -50,7 +51,9 @@ def _unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def _build(method: str, options: dict[str, Any], dim: int, bits: int, base: np.ndarray, train: int) -> tuple[Any, float]:
+def _build(
+    method: str, options: dict[str, Any], dim: int, bits: int, base: np.ndarray, train: int
+) -> tuple[Any, float]:
     """The index filled with ``base`` and its build seconds (train on the first ``train`` rows + add)."""
     from turboquant.ann import make_index
 

@@ -54,7 +54,8 @@ def test_random_bytes_and_bit_flips(saved, tmp_path):
     data = bytearray(path.read_bytes())
     member = zipfile.ZipFile(path).getinfo("codes.npy")  # flip a byte inside the stored codes themselves
     names = member.header_offset + 26  # local file header: file name and extra field lengths, then both
-    start = names + 4 + int.from_bytes(data[names : names + 2], "little") + int.from_bytes(data[names + 2 : names + 4], "little")
+    lengths = (int.from_bytes(data[at : at + 2], "little") for at in (names, names + 2))
+    start = names + 4 + sum(lengths)
     data[start + member.compress_size // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     _raises(path, "not a readable|checksum")
