@@ -1,7 +1,7 @@
 """CPU search speed, one run: TurboQuant's fast-scan path against faiss IndexPQ, IndexPQFastScan, IndexRaBitQ and an
 fp32 brute-force scan, one query at a time and a batch, at equal bits per coordinate (issue 17).
 
-    python -m benchmarks.bench_ann_search --out figures/ann_search      # 2 idle cores: about 7 minutes
+    python -m benchmarks.bench_ann_search --out figures/ann_search      # 2 idle cores: about 8 minutes (estimate)
 
 For each ``d:bits`` of ``--configs`` (default 200:4 1536:4 1536:2 3072:4), ``--n`` random unit vectors and
 ``--queries`` random unit queries (seeded by d). Indexes (``turboquant.ann.make_index``): TurboQuant_mse and
@@ -14,8 +14,9 @@ depend on the centroids; their recall is that of a ``--train``-sample codebook).
 Timing (``time.perf_counter``, after one warm-up query): the fast indexes (TurboQuant, PQ fast-scan) are timed in
 ``--rounds`` interleaved rounds, the fastest round kept, so load spikes of a shared machine hit them alike; the
 slow ones (pq, rabitq, exact) in one round. A round times ``--single`` queries one at a time and all queries in one
-``search`` call; IndexRaBitQ, about 5 s per query at 100k × 1536 here, is timed on ``--slow-queries`` queries
-(stated in its rows). Recall@1@1 and recall@1@k (k = ``--k``) against the exact top-1, on the batch's queries.
+``search`` call; IndexRaBitQ, seconds per query at 100k × 1536 here, is timed on ``--slow-queries`` queries in one
+call and ``--slow-single`` one at a time (stated in its rows). Recall@1@1 and recall@1@k (k = ``--k``) against
+the exact top-1, on the batch's queries.
 
 Writes ``<out>/ann_search.json`` (rows, saved after every config: a rerun skips configs already there, so a
 killed run resumes), ``<out>/ann_search.md`` (the table, where one profiled TurboQuant batch spends its
@@ -114,8 +115,9 @@ def bench_config(dim: int, bits: int, args: argparse.Namespace) -> list[dict[str
         index.search(queries[:1], args.k)  # warm-up
         indexes[method] = index
         timed = min(args.slow_queries, args.queries) if method == "rabitq" else args.queries
+        single = min(args.slow_single, timed) if method == "rabitq" else args.single
         rows[method] = {"dim": dim, "bits": bits, "method": method, "n_base": args.n, "build_s": build_s,
-                        "batch": timed, "single_queries": min(args.single, timed), "one_query_ms": np.inf,
+                        "batch": timed, "single_queries": single, "one_query_ms": np.inf,
                         "batch_s": np.inf, "rounds": 0}
         print(f"d={dim} bits={bits} {method}: built in {build_s:.2f} s", flush=True)
     for round_ in range(args.rounds):
@@ -200,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=200, help="the batch")
     parser.add_argument("--single", type=int, default=10, help="queries timed one at a time")
     parser.add_argument("--slow-queries", type=int, default=5, help="IndexRaBitQ's batch")
+    parser.add_argument("--slow-single", type=int, default=2, help="IndexRaBitQ's queries one at a time")
     parser.add_argument("--train", type=int, default=10_000, help="faiss training sample")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the fast indexes")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the fast indexes")
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("figures/ann_search"))

@@ -10,7 +10,7 @@ pytest.importorskip("faiss")
 from benchmarks import bench_ann_search  # noqa: E402
 
 ARGS = ["--n", "600", "--configs", "32:4", "--queries", "12", "--single", "2", "--slow-queries", "3",
-        "--train", "600", "--rounds", "2"]
+        "--slow-single", "1", "--train", "600", "--rounds", "2"]
 
 
 def test_bench_ann_search_writes_rows_table_and_figure_and_resumes(tmp_path):
@@ -19,6 +19,7 @@ def test_bench_ann_search_writes_rows_table_and_figure_and_resumes(tmp_path):
     rows = {row["method"]: row for row in saved["rows"]}
     assert set(rows) == set(bench_ann_search.FAST) | set(bench_ann_search.SLOW)
     assert rows["turboquant_mse"]["rounds"] == 2 and rows["pq"]["rounds"] == 1 and rows["rabitq"]["batch"] == 3
+    assert rows["rabitq"]["single_queries"] == 1
     assert rows["exact"]["recall_at_1"] == 1.0
     for method in ("turboquant_mse", "turboquant_prod"):
         row = rows[method]
