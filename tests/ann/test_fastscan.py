@@ -149,3 +149,34 @@ def test_a_row_far_above_the_rest_is_found_at_large_dim(variant, bits):
     position = (shard.ntotal - 1) * len(index._fastscan._shards)
     assert ids[0, 0] == position
     np.testing.assert_allclose(scores[0, 0], (tables[: layout.n_sub].max(axis=1)).sum(), rtol=0.02)
+
+
+@pytest.mark.parametrize(("bits", "dim"), [(4, 51), (4, 50), (2, 50), (2, 52)])
+def test_the_guard_code_follows_the_codes_as_nibble_n_sub(bits, dim):
+    """The guard's nibble (the code of its smallest entry: 15 for a descending codebook) is the high half of the
+    last code byte when n_sub is odd and a byte of its own when even; the codes' nibbles are unchanged."""
+    centroids = -np.sort(np.random.default_rng(0).standard_normal(2**bits))  # descending: the guard's minimum is v = 15
+    layout = FastScanLayout([FastScanStage(centroids, bits, 1.0)], dim)
+    assert layout._guard_code == 15 and layout.n_sub == -(-dim * bits // 4)
+    packed = np.random.default_rng(1).integers(0, 256, (5, -(-dim * bits // 8)), dtype=np.uint8)
+    if layout.n_sub % 2:
+        packed[:, -1] &= 15  # pack_codes leaves the half byte after an odd number of nibbles zero
+    codes = layout.codes([packed])
+    nibbles = np.stack([codes & 15, codes >> 4], axis=2).reshape(5, -1)
+    assert codes.shape[1] == layout.code_size == layout.n_sub // 2 + 1
+    assert (nibbles[:, layout.n_sub] == 15).all() and not nibbles[:, layout.n_sub + 1 :].any()
+    packed_nibbles = np.stack([packed & 15, packed >> 4], axis=2).reshape(5, -1)
+    np.testing.assert_array_equal(nibbles[:, : layout.n_sub], packed_nibbles[:, : layout.n_sub])
+
+
+@pytest.mark.parametrize(("variant", "bits"), FASTSCAN_CASES)
+@pytest.mark.parametrize("dim", [51, 50])
+def test_fastscan_answers_at_odd_and_even_sub_quantizer_counts(variant, bits, dim):
+    """The fast path returns the dense scorer's ids whether the guard shares the last code byte or not."""
+    rng = np.random.default_rng(dim)
+    base = rng.standard_normal((700, dim)).astype(np.float32)
+    queries = rng.standard_normal((20, dim)).astype(np.float32)
+    fast, dense = _pair(dim, bits, variant)
+    fast.add(base)
+    dense.add(base)
+    np.testing.assert_array_equal(fast.search(queries, 10)[1], dense.search(queries, 10)[1])
