@@ -109,6 +109,19 @@ def layer_errors(model, layers: list[dict[str, torch.Tensor]], method: KVMethod)
     return rows
 
 
+def key_statistics(layers: list[dict[str, torch.Tensor]]) -> pd.DataFrame:
+    """Per layer, the keys' shape that decides a rotation quantizer's error: the mean key norm ||k|| (the error of
+    TurboQuant_mse scales with it, Theorem 1 is for unit vectors) and, over KV heads, the largest ratio of one
+    channel's RMS to the median channel's RMS (the outlier channels a per-channel scale absorbs and a rotation spreads)."""
+    rows = []
+    for index, layer in enumerate(layers):
+        keys = layer["keys"][0].float()                      # (H_kv, n, d)
+        channel_rms = keys.pow(2).mean(dim=1).sqrt()         # (H_kv, d)
+        rows.append({"layer": index, "key_norm": float(keys.norm(dim=-1).mean()),
+                     "channel_peak_ratio": float((channel_rms.max(-1).values / channel_rms.median(-1).values).max())})
+    return pd.DataFrame(rows)
+
+
 MEASURES = ("key_error", "value_error", "logit_error_std", "output_error", "memory_ratio")
 
 
@@ -145,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "kv_attention_error.csv")
     parser.add_argument("--summarize", type=Path, metavar="CSV",
                         help="only write the markdown summary of a CSV this script wrote (beside it), computing nothing")
+    parser.add_argument("--keys-only", action="store_true",
+                        help="only write the per-layer key statistics (<out>_keys.csv), no cache is run")
     parser.add_argument("--title", default=None, help="the summary's title (default: model, prompt and queries)")
     args = parser.parse_args(argv)
     if args.summarize is not None:
@@ -164,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     task = NeedleTask(**task_cfg)
     prompt = PromptBuilder(loaded.tokenizer, load_haystack("paul_graham_essays").text, task).build(args.context, args.depth)
     layers = capture(loaded.model, prompt.input_ids, args.queries)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    keys_path = args.out.with_name(f"{args.out.stem}_keys.csv")
+    key_statistics(layers).to_csv(keys_path, index=False)
+    print(f"per-layer key statistics written to {keys_path}")
+    if args.keys_only:
+        return 0
 
     methods = {name: load_method(name) for name in args.methods.split(",")}
     frames = []
@@ -174,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{c} {rows[c].mean():.3f}" for c in ("key_error", "value_error", "logit_error_std", "output_error")),
             flush=True)
     table = pd.concat(frames, ignore_index=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False)
     title = args.title or (f"Attention perturbation per layer: {spec.display_name}, needle prompt of "
                            f"{prompt.prompt_tokens} tokens at depth {args.depth}, last {args.queries} queries")

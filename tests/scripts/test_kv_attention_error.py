@@ -66,3 +66,11 @@ def test_summary_tables_means_over_layers_and_the_per_layer_logit_error(tmp_path
     assert "| a | 2 | 0.100 ± 0.000 | 0.200 ± 0.000 | 5.000 ± 1.000 |" in text
     assert "| b | 2 | 0.100 ± 0.000 | 0.200 ± 0.000 | 1.000 ± 1.000 |" in text
     assert "| 0 | 11.000 | 1.000 |" in text and "| 2 | 2.000 | 1.000 |" in text
+
+
+def test_key_statistics_find_an_outlier_channel() -> None:
+    keys = torch.ones(1, 2, 10, 8)
+    keys[0, 1, :, 3] = 50.0                       # head 1, channel 3: 50x the median channel
+    stats = kv_attention_error.key_statistics([{"keys": keys}, {"keys": torch.ones(1, 2, 10, 8)}])
+    assert stats.loc[0, "channel_peak_ratio"] == 50.0 and stats.loc[1, "channel_peak_ratio"] == 1.0
+    assert abs(stats.loc[1, "key_norm"] - 8 ** 0.5) < 1e-6
