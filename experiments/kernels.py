@@ -51,7 +51,9 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     import triton
 
     from benchmarks.suite import select_ops
-    from benchmarks.utils import Bench, device_name, markdown_table
+    import time
+
+    from benchmarks.utils import Bench, compiled_kernels, device_name, markdown_table
 
     device = require_kernel_device(cfg)
     ops = select_ops(cfg.experiment.ops)
@@ -72,15 +74,24 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         units.append(unit)
         if store.is_done(unit):
             continue
+        started, compiled = time.perf_counter(), compiled_kernels()
         rows = bench_op(bench, sizes[op], dict(cfg.experiment.variants[op]))
-        store.save_unit(unit, [r.as_dict() | {"command": command, "copy_bandwidth_gbps": copy_gbps} for r in rows])
+        cost = {"op_wall_s": round(time.perf_counter() - started, 1), "op_compiles": compiled_kernels() - compiled}
+        print(f"[kernels] {op}: {cost['op_wall_s']} s, {cost['op_compiles']} Triton compiles", flush=True)
+        store.save_unit(unit, [r.as_dict() | {"command": command, "copy_bandwidth_gbps": copy_gbps} | cost
+                               for r in rows])
         print(markdown_table(store.frame([unit])), flush=True)
     frame = store.frame(units)
+    costs = ""
+    if "op_compiles" in frame:
+        per_op = frame.drop_duplicates("op")[["op", "op_wall_s", "op_compiles"]]
+        costs = "\n\nWall time and Triton compiles per op (compiles included): " + "; ".join(
+            f"{r.op} {r.op_wall_s:.0f} s, {r.op_compiles:.0f} compiles" for r in per_op.itertuples())
     (store.directory / "kernels.md").write_text(
         f"# Triton kernel benchmark\n\n```\n{header}\n```\n\nColumns: median µs (`triton.testing.do_bench`, L2 "
         f"flushed), GB/s = bytes that must move / time, floor = those bytes at the copy bandwidth measured in the "
         f"same run, speedup = baseline µs / time µs. Rows of ops resumed from an earlier run carry that run's "
-        f"command in results.csv.\n\n{markdown_table(frame)}\n")
+        f"command in results.csv.{costs}\n\n{markdown_table(frame)}\n")
     return frame
 
 

@@ -16,7 +16,7 @@ A kernel picks one with the ``DECODE`` constexpr (host option ``decoder``):
               per 32-bit word of 8 codes, 4 ops for the magnitude indices, 4 byte permutes (``prmt``) looking up
               the low / high bytes of the 8 fp16 magnitudes held in 4 registers, 4 ``prmt`` that interleave them
               into fp16 pairs and 8 ops that set the sign bits: ~2.5 instructions per code. Other widths use
-              ``"select"``.
+              ``"table"`` (cheaper than ``"select"`` by instruction count: ``benchmarks/NOTES.md``, Session 5).
 ``"none"``    the raw code as fp16 (wrong values; the benchmark's attribution of time to the lookup).
 
 The register decoders need the symmetric codebook (``check_symmetric``); every Lloyd-Max codebook of the library
@@ -84,7 +84,7 @@ def register_values(codes, table_ptr, BITS: tl.constexpr):
 def code_values(words, shift, table_ptr, BITS: tl.constexpr, DECODE: tl.constexpr):
     """fp16 centroid values of the ``BITS``-bit codes at bit ``shift`` of int32 ``words`` (any shape)."""
     codes = (words >> shift) & ((1 << BITS) - 1)
-    if DECODE == "table":
+    if DECODE == "table" or DECODE == "prmt":  # prmt covers 4-bit byte pairs only (nibble_pair_values)
         values = tl.load(table_ptr + codes)
     elif DECODE == "none":
         values = codes.to(tl.float16)
