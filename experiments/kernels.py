@@ -3,6 +3,7 @@
     python run.py experiment=kernels                           # one CUDA GPU (an H200: see benchmarks/NOTES.md)
     python run.py experiment=kernels scale=paper               # the issue's largest sizes too (128K context)
     python run.py experiment=kernels 'experiment.ops=[decode_step]'
+    python run.py experiment=kernels experiment.variant_set=session5   # a named set of ops, sizes and variants
     TRITON_INTERPRET=1 python run.py experiment=kernels experiment.smoke=true   # CPU: checks the code path only
 
 Each op of ``experiment.ops`` (``benchmarks.suite.OPS``: quantize, library, prod, scores, decode, decode_step) is
@@ -26,7 +27,7 @@ from experiments.io import ResultStore, experiment_sizes
 
 from benchmarks.utils import HEAD_DIM  # the shapes every kernel benchmark uses
 
-__all__ = ["paper_comparison", "plot", "require_kernel_device", "run"]
+__all__ = ["apply_variant_set", "paper_comparison", "plot", "require_kernel_device", "run"]
 
 
 def require_kernel_device(cfg: Any) -> torch.device:
@@ -39,6 +40,22 @@ def require_kernel_device(cfg: Any) -> torch.device:
         "experiment=kernels times Triton GPU kernels and needs a CUDA device, but torch.cuda.is_available() is "
         "False here. Run it on a CUDA GPU, or check the code path on the CPU with tiny sizes (times meaningless): "
         "TRITON_INTERPRET=1 python run.py experiment=kernels experiment.smoke=true")
+
+
+def apply_variant_set(cfg: Any) -> None:
+    """With ``experiment.variant_set`` set, replace ``experiment.ops``, ``sizes`` and ``variants`` by that entry of
+    ``experiment.variant_sets`` (whole blocks, not merged); ValueError naming the sets for an unknown one."""
+    name = cfg.experiment.get("variant_set")
+    if not name:
+        return
+    sets = cfg.experiment.get("variant_sets") or {}
+    if name not in sets:
+        raise ValueError(f"experiment.variant_set={name!r} is not one of {sorted(sets)}")
+    from omegaconf import open_dict
+
+    with open_dict(cfg.experiment):
+        for key in ("ops", "sizes", "variants"):
+            cfg.experiment[key] = sets[name][key]
 
 
 def _sizes(cfg: Any) -> Any:
@@ -56,6 +73,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     from benchmarks.utils import Bench, compiled_kernels, device_name, markdown_table
 
     device = require_kernel_device(cfg)
+    apply_variant_set(cfg)
     ops = select_ops(cfg.experiment.ops)
     sizes = _sizes(cfg)
     torch.manual_seed(cfg.seed)
