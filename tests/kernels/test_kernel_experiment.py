@@ -61,7 +61,7 @@ def test_variant_set_replaces_ops_sizes_and_variants(tmp_path):
     variant names only keyword arguments the kernels take."""
     cfg = _config(tmp_path, ["experiment.variant_set=session5"])
     kernels.apply_variant_set(cfg)
-    assert list(cfg.experiment.ops) == ["quantize", "prod", "scores", "decode"]
+    assert list(cfg.experiment.ops) == ["decode", "scores", "quantize", "prod"]
     assert list(cfg.experiment.variants.quantize) == ["cell table (session 4 default)", "midpoint tree",
                                                       "midpoint tree bn32 st2"]
     assert "no-lookup (diagnostic: no nearest-centroid step)" not in cfg.experiment.variants.quantize
