@@ -15,10 +15,12 @@ from .utils import (
     Bench,
     Row,
     Timer,
+    failed_row,
     kernel_kwargs,
     random_norms,
     random_packed,
     rel_err,
+    skip_off_gpu,
 )
 
 __all__ = ["bench_decode", "sdpa_best"]
@@ -51,66 +53,101 @@ def sdpa_best(timer: Timer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
 
 
 
-def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Row]:
-    """Split-KV decode attention over a packed K/V cache vs SDPA over a bf16 cache (32 q / 8 KV heads, d=128)."""
+def _packed_cache(bsz: int, ctx: int, k_bits: float, v_bits: float, device: torch.device) -> tuple:
+    """Random packed K/V fields, their :class:`CacheFormat` and per-(row, KV head) channel orders: ``bits`` 1-4 is one
+    TurboQuant_mse group per stream, 3.5 the paper's outlier preset (32 channels at 4 bits, 96 at 3, each group
+    with its own Haar rotation, a random channel order per row and KV head, as the cache stores it)."""
     from turboquant.codebook import lloyd_max_codebook
+    from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup, GroupFields
+    from turboquant.rotation import make_rotation
+
+    lead = (bsz, HEADS_KV, ctx)
+
+    def stream(bits: float, seed: int) -> tuple[list, list]:
+        layout = [(HEAD_DIM, int(bits))] if bits == int(bits) else [(32, 4), (HEAD_DIM - 32, 3)]
+        if bits not in (1, 2, 3, 4, 3.5):
+            raise ValueError(f"decode bits must be 1-4 or 3.5 (the outlier preset), got {bits}")
+        groups = [ChannelGroup(m, b, make_rotation("haar", m, seed=seed + i, device=device).matrix(),
+                               lloyd_max_codebook(m, b).centroids_tensor(device)) for i, (m, b) in enumerate(layout)]
+        fields = [GroupFields(random_packed(lead, m, b, device), random_norms(lead, device)) for m, b in layout]
+        return fields, groups
+
+    (keys, key_groups), (values, value_groups) = stream(k_bits, 0), stream(v_bits, 10)
+    cache_format = CacheFormat.build(key_groups, value_groups, device)
+    perms = {}
+    for name, groups in (("key_permutation", key_groups), ("value_permutation", value_groups)):
+        if len(groups) == 2:
+            perms[name] = torch.rand(bsz, HEADS_KV, HEAD_DIM, device=device).argsort(dim=-1)
+    return keys, values, cache_format, perms
+
+
+def _head_slice(fields: list, rows: int, tokens: int) -> list:
+    """The first ``rows`` batch rows and ``tokens`` tokens of every field (the reference check's subset)."""
+    from turboquant.kernels.decode_attention import GroupFields
+
+    return [GroupFields(*(None if t is None else t[:rows, :, :tokens] for t in f)) for f in fields]
+
+
+def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Row]:
+    """Split-KV decode attention over a packed K/V cache vs SDPA over a bf16 cache (32 q / 8 KV heads, d=128), at
+    every (batch, context) x (key bits, value bits) of ``sizes`` and the ``extra`` (batch, context, k, v) cases.
+    Variants whose decoder is inline PTX are skipped off CUDA (the interpreter cannot run PTX)."""
     from turboquant.kernels.decode_attention import (
-        CacheFormat,
-        ChannelGroup,
-        GroupFields,
+        decode_attention_groups_reference,
         decode_attention_groups_triton,
-        decode_attention_reference,
-        decode_attention_triton,
         default_block_n,
         default_num_splits,
     )
-    from turboquant.rotation import make_rotation
 
-    rows, device = [], bench.device
-    rot = make_rotation("haar", HEAD_DIM, seed=0, device=device).matrix()
-    for bsz, ctx in sizes.batch_context:
+    rows, device, baselines = [], bench.device, {}
+    cases = [(b, c, kb, vb) for b, c in sizes.batch_context for kb, vb in sizes.bits]
+    cases += [tuple(case) for case in sizes.get("extra", [])]
+    for bsz, ctx, k_bits, v_bits in cases:
         size = f"B={bsz} ctx={ctx}"
         q = torch.randn(bsz, HEADS_Q, HEAD_DIM, device=device, dtype=torch.bfloat16)
-        if device.type == "cuda":
-            k = torch.randn(bsz, HEADS_KV, ctx, HEAD_DIM, device=device, dtype=torch.bfloat16)
-            base_name, t_base = sdpa_best(bench.timer, q[:, :, None], k, torch.randn_like(k))
-            del k
-        else:
-            base_name, t_base = "none (cpu)", float("nan")
-        for k_bits, v_bits in sizes.bits:
-            kcb, vcb = lloyd_max_codebook(HEAD_DIM, k_bits), lloyd_max_codebook(HEAD_DIM, v_bits)
-            lead = (bsz, HEADS_KV, ctx)
-            cache = [random_packed(lead, HEAD_DIM, k_bits, device), random_norms(lead, device),
-                     random_packed(lead, HEAD_DIM, v_bits, device), random_norms(lead, device)]
-            seq_lens = torch.full((bsz,), ctx, dtype=torch.int32, device=device)
-            common = {"k_centroids": kcb.centroids_tensor(device), "v_centroids": vcb.centroids_tensor(device),
-                      "k_bits": k_bits, "v_bits": v_bits, "rotation": rot}
-            rb, n_check = min(bsz, 2), min(ctx, 4096)
-            check_lens = torch.randint(1, n_check + 1, (rb,), dtype=torch.int32, device=device)
-            args = (q[:rb], *(t[:rb, :, :n_check] for t in cache), check_lens)
-            ref = decode_attention_reference(*args, **common)
-            moved = sum(t.numel() * t.element_size() for t in cache) + 2 * q.numel() * 2
-            # timed as the cache layer calls it: the format (codebooks, query map) built once, not per call
-            cache_format = CacheFormat.build([ChannelGroup(HEAD_DIM, k_bits, rot, common["k_centroids"])],
-                                             [ChannelGroup(HEAD_DIM, v_bits, rot, common["v_centroids"])], device)
-            timed = partial(decode_attention_groups_triton, q, [GroupFields(*cache[:2])], [GroupFields(*cache[2:])],
-                            seq_lens, cache_format)
-            for name, variant in variants.items():
-                kw = kernel_kwargs(variant)
-                factor, graph = kw.pop("split_factor", 1), kw.pop("graph", False)
-                kw["num_splits"] = max(1, round(factor * default_num_splits(
-                    bsz, HEADS_KV, ctx, device, kw.get("block_n") or default_block_n(cache_format))))
-                err = rel_err(decode_attention_triton(*args, **common, **kw), ref)
+        if size not in baselines:
+            if device.type == "cuda":
+                k = torch.randn(bsz, HEADS_KV, ctx, HEAD_DIM, device=device, dtype=torch.bfloat16)
+                baselines[size] = sdpa_best(bench.timer, q[:, :, None], k, torch.randn_like(k))
+                del k
+                bf16_bytes = 2 * bsz * HEADS_KV * ctx * HEAD_DIM * 2
+                rows.append(Row("decode", "bf16 sdpa baseline", size, baselines[size][1], bf16_bytes,
+                                bench.floor_us(bf16_bytes), f"sdpa bf16 ({baselines[size][0]})", baselines[size][1],
+                                ""))
+            else:
+                baselines[size] = ("none (cpu)", float("nan"))
+        base_name, t_base = baselines[size]
+        keys, values, cache_format, perms = _packed_cache(bsz, ctx, k_bits, v_bits, device)
+        seq_lens = torch.full((bsz,), ctx, dtype=torch.int32, device=device)
+        rb, n_check = min(bsz, 2), min(ctx, 4096)
+        check_lens = torch.randint(1, n_check + 1, (rb,), dtype=torch.int32, device=device)
+        check_perms = {name: perm[:rb] for name, perm in perms.items()}
+        check_args = (q[:rb], _head_slice(keys, rb, n_check), _head_slice(values, rb, n_check), check_lens,
+                      cache_format)
+        ref = decode_attention_groups_reference(*check_args, **check_perms)
+        moved = sum(t.numel() * t.element_size() for f in (*keys, *values) for t in f if t is not None)
+        moved += 2 * q.numel() * 2
+        # timed as the cache layer calls it: the format (codebooks, query map) built once, not per call
+        timed = partial(decode_attention_groups_triton, q, keys, values, seq_lens, cache_format, **perms)
+        for name, variant in variants.items():
+            kw = kernel_kwargs(variant)
+            if skip_off_gpu("decode", name, kw, device):
+                continue
+            factor, graph = kw.pop("split_factor", 1), kw.pop("graph", False)
+            kw["num_splits"] = max(1, round(factor * default_num_splits(
+                bsz, HEADS_KV, ctx, device, kw.get("block_n") or default_block_n(cache_format))))
+            label = f"K{k_bits}V{v_bits} {name}"
+            try:
+                err = rel_err(decode_attention_groups_triton(*check_args, **check_perms, **kw), ref)
                 if kw.get("lookup", True) and not err < 1e-2:
-                    raise AssertionError(f"decode {name}: rel err {err}")
+                    raise AssertionError(f"rel err {err} against the float64 reference")
                 t = bench.timer(partial(timed, **kw), graph=graph)
-                rows.append(Row("decode", f"K{k_bits}V{v_bits} {name}", size, t, moved, bench.floor_us(moved),
-                                f"sdpa bf16 ({base_name})", t_base,
-                                f"rel err {err:.1e} (bf16 out)" if kw.get("lookup", True)
-                                else "diagnostic (no lookup)"))
-            del cache
-        if device.type == "cuda":
-            bf16_bytes = 2 * bsz * HEADS_KV * ctx * HEAD_DIM * 2
-            rows.append(Row("decode", "bf16 sdpa baseline", size, t_base, bf16_bytes, bench.floor_us(bf16_bytes),
-                            f"sdpa bf16 ({base_name})", t_base, ""))
+            except Exception as exc:  # a failed check, compile or launch: recorded, the run goes on
+                rows.append(failed_row("decode", label, size, exc))
+                continue
+            rows.append(Row("decode", label, size, t, moved, bench.floor_us(moved),
+                            f"sdpa bf16 ({base_name})", t_base,
+                            f"rel err {err:.1e} (bf16 out)" if kw.get("lookup", True)
+                            else "diagnostic (no lookup)"))
+        del keys, values
     return rows

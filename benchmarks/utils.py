@@ -19,8 +19,9 @@ import pandas as pd
 import torch
 
 __all__ = [
-    "DTYPES", "HEADS_KV", "HEADS_Q", "HEAD_DIM", "Bench", "Row", "Timer", "copy_bandwidth", "device_name",
-    "gpu_busy_us", "kernel_kwargs", "markdown_table", "random_norms", "random_packed", "rel_err",
+    "DTYPES", "HEADS_KV", "HEADS_Q", "HEAD_DIM", "Bench", "Row", "Timer", "compiled_kernels", "copy_bandwidth",
+    "device_name",
+    "gpu_busy_us", "kernel_kwargs", "failed_row", "skip_off_gpu", "markdown_table", "random_norms", "random_packed", "rel_err",
 ]
 
 # attention shapes of the benchmarks: Llama-3.1-8B's 32 query / 8 KV heads of dimension 128
@@ -129,6 +130,22 @@ def kernel_kwargs(variant: dict[str, Any]) -> dict[str, Any]:
     return {k: DTYPES[v] if k.endswith("dtype") else v for k, v in dict(variant).items()}
 
 
+def skip_off_gpu(op: str, name: str, kw: dict[str, Any], device: torch.device) -> bool:
+    """True (and says so) for a variant whose decoder is inline PTX when not on CUDA: the interpreter cannot run it."""
+    if kw.get("decoder") == "prmt" and device.type != "cuda":
+        print(f"  {op} {name}: skipped (inline PTX needs a GPU)")
+        return True
+    return False
+
+
+def failed_row(op: str, variant: str, size: str, error: Exception) -> Row:
+    """The row of a variant that failed its reference check or did not compile: no time, the reason in ``check``
+    (so that one failing variant does not cost the rest of a GPU run; the failure is printed too)."""
+    reason = f"FAILED: {type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+    print(f"  {op} {variant} {size}: {reason}", flush=True)
+    return Row(op, variant, size, float("nan"), 0, float("nan"), check=reason)
+
+
 def random_packed(shape: tuple[int, ...], dim: int, bits: int, device: torch.device) -> torch.Tensor:
     """Uniform random codes, packed: uniform random bytes are exactly that (the last byte's spare bits zeroed)."""
     row_bytes = -(-dim * bits // 8)
@@ -160,6 +177,21 @@ def gpu_busy_us(fn: Callable[[], Any], calls: int = 3) -> float:
     events = prof.key_averages()
     total = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) for e in events)
     return total / calls
+
+
+def compiled_kernels() -> int:
+    """Triton kernels compiled so far in this process: every specialization of every ``@triton.jit`` function of
+    ``turboquant.kernels`` (0 under the interpreter, which compiles nothing)."""
+    import sys
+
+    count = 0
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("turboquant.kernels"):
+            continue
+        for value in vars(module).values():
+            for cache in getattr(value, "device_caches", {}).values():
+                count += len(cache[0])
+    return count
 
 
 def markdown_table(frame: pd.DataFrame) -> str:

@@ -3,6 +3,7 @@
     python run.py experiment=kernels                           # one CUDA GPU (an H200: see benchmarks/NOTES.md)
     python run.py experiment=kernels scale=paper               # the issue's largest sizes too (128K context)
     python run.py experiment=kernels 'experiment.ops=[decode_step]'
+    python run.py experiment=kernels experiment.variant_set=session5   # a named set of ops, sizes and variants
     TRITON_INTERPRET=1 python run.py experiment=kernels experiment.smoke=true   # CPU: checks the code path only
 
 Each op of ``experiment.ops`` (``benchmarks.suite.OPS``: quantize, library, prod, scores, decode, decode_step) is
@@ -26,7 +27,7 @@ from experiments.io import ResultStore, experiment_sizes
 
 from benchmarks.utils import HEAD_DIM  # the shapes every kernel benchmark uses
 
-__all__ = ["paper_comparison", "plot", "require_kernel_device", "run"]
+__all__ = ["apply_variant_set", "paper_comparison", "plot", "require_kernel_device", "run"]
 
 
 def require_kernel_device(cfg: Any) -> torch.device:
@@ -41,6 +42,22 @@ def require_kernel_device(cfg: Any) -> torch.device:
         "TRITON_INTERPRET=1 python run.py experiment=kernels experiment.smoke=true")
 
 
+def apply_variant_set(cfg: Any) -> None:
+    """With ``experiment.variant_set`` set, replace ``experiment.ops``, ``sizes`` and ``variants`` by that entry of
+    ``experiment.variant_sets`` (whole blocks, not merged); ValueError naming the sets for an unknown one."""
+    name = cfg.experiment.get("variant_set")
+    if not name:
+        return
+    sets = cfg.experiment.get("variant_sets") or {}
+    if name not in sets:
+        raise ValueError(f"experiment.variant_set={name!r} is not one of {sorted(sets)}")
+    from omegaconf import open_dict
+
+    with open_dict(cfg.experiment):
+        for key in ("ops", "sizes", "variants"):
+            cfg.experiment[key] = sets[name][key]
+
+
 def _sizes(cfg: Any) -> Any:
     return cfg.experiment.sizes.smoke if cfg.experiment.smoke else experiment_sizes(cfg)
 
@@ -51,9 +68,12 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     import triton
 
     from benchmarks.suite import select_ops
-    from benchmarks.utils import Bench, device_name, markdown_table
+    import time
+
+    from benchmarks.utils import Bench, compiled_kernels, device_name, markdown_table
 
     device = require_kernel_device(cfg)
+    apply_variant_set(cfg)
     ops = select_ops(cfg.experiment.ops)
     sizes = _sizes(cfg)
     torch.manual_seed(cfg.seed)
@@ -72,15 +92,24 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         units.append(unit)
         if store.is_done(unit):
             continue
+        started, compiled = time.perf_counter(), compiled_kernels()
         rows = bench_op(bench, sizes[op], dict(cfg.experiment.variants[op]))
-        store.save_unit(unit, [r.as_dict() | {"command": command, "copy_bandwidth_gbps": copy_gbps} for r in rows])
+        cost = {"op_wall_s": round(time.perf_counter() - started, 1), "op_compiles": compiled_kernels() - compiled}
+        print(f"[kernels] {op}: {cost['op_wall_s']} s, {cost['op_compiles']} Triton compiles", flush=True)
+        store.save_unit(unit, [r.as_dict() | {"command": command, "copy_bandwidth_gbps": copy_gbps} | cost
+                               for r in rows])
         print(markdown_table(store.frame([unit])), flush=True)
     frame = store.frame(units)
+    costs = ""
+    if "op_compiles" in frame:
+        per_op = frame.drop_duplicates("op")[["op", "op_wall_s", "op_compiles"]]
+        costs = "\n\nWall time and Triton compiles per op (compiles included): " + "; ".join(
+            f"{r.op} {r.op_wall_s:.0f} s, {r.op_compiles:.0f} compiles" for r in per_op.itertuples())
     (store.directory / "kernels.md").write_text(
         f"# Triton kernel benchmark\n\n```\n{header}\n```\n\nColumns: median µs (`triton.testing.do_bench`, L2 "
         f"flushed), GB/s = bytes that must move / time, floor = those bytes at the copy bandwidth measured in the "
         f"same run, speedup = baseline µs / time µs. Rows of ops resumed from an earlier run carry that run's "
-        f"command in results.csv.\n\n{markdown_table(frame)}\n")
+        f"command in results.csv.{costs}\n\n{markdown_table(frame)}\n")
     return frame
 
 

@@ -178,3 +178,41 @@ def test_channel_group_formats_are_checked(device, generator):
     with pytest.raises(ValueError, match="QJL signs"):  # the format has no sketch, the fields have signs
         decode_attention_groups_triton(torch.randn(1, 2, 16, device=device), keys, keys,
                                        torch.tensor([8], device=device), CacheFormat.build([group], [group], device))
+
+
+# ------------------------------------------------------------------ inner-loop variants (decoder, inner)
+@pytest.mark.parametrize("decoder, inner", [("select", "dot"), ("table", "fma"), ("select", "fma")])
+@pytest.mark.parametrize("key_groups, value_groups, heads", [
+    ([(64, 4, False)], [(64, 4)], 8),                                  # 4-bit K/V, one group: the byte-pair path
+    ([(16, 4, False), (48, 3, False)], [(16, 2), (48, 3)], 6),         # split, 2/3-bit values (stream-order path)
+    ([(16, 3, True), (48, 2, True)], [(64, 1)], 4),                    # prod keys on both groups, 1-bit values
+])
+def test_inner_loop_variants_match_reference(device, generator, decoder, inner, key_groups, value_groups, heads):
+    """The register codebook (sign + magnitude select tree) and the CUDA-core FMA inner loop compute the same
+    attention as the float64 reference, for every layout the one kernel body serves."""
+    lens, kv_heads = [37, 20], 2
+    batch, dim = len(lens), sum(g[0] for g in key_groups)
+    keys, key_format = random_stream(batch, kv_heads, max(lens), key_groups, generator, device, seed=3)
+    values, value_format = random_stream(batch, kv_heads, max(lens), [(m, b, False) for m, b in value_groups],
+                                         generator, device, seed=7)
+    cache_format = CacheFormat.build(key_format, value_format, device)
+    perm = random_permutation(batch, kv_heads, dim, generator, device) if len(key_groups) == 2 else None
+    q = torch.randn(batch, heads, dim, generator=generator).to(device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, num_splits=2, block_n=16,
+                                         key_permutation=perm, decoder=decoder, inner=inner)
+    ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format, key_permutation=perm)
+    assert rel_err(out, ref) < 3e-3
+
+
+def test_register_decoder_needs_a_symmetric_codebook(device, generator):
+    tensors, common = make_case(1, 4, 2, 8, 32, 2, 2, generator, device)
+    seq_lens = torch.tensor([8], dtype=torch.int32, device=device)
+    skewed = {**common, "k_centroids": torch.tensor([-0.2, -0.05, 0.05, 0.3], device=device)}
+    decode_attention_triton(*tensors, seq_lens, decoder="table", **skewed)  # the gather takes any codebook
+    with pytest.raises(ValueError, match="symmetric"):
+        decode_attention_triton(*tensors, seq_lens, decoder="select", **skewed)
+    with pytest.raises(ValueError, match="decoder must be"):
+        decode_attention_triton(*tensors, seq_lens, decoder="lut", **common)
+    with pytest.raises(ValueError, match="inner must be"):
+        decode_attention_triton(*tensors, seq_lens, inner="wgmma", **common)

@@ -54,3 +54,24 @@ def test_smoke_run_records_command_and_device_and_resumes(tmp_path):
     assert store.csv_path.stat().st_mtime_ns == mtime and len(again) == len(frame)
     figures = kernels.plot(again, cfg, cfg.paths.figures_dir)
     assert {p.suffix for p in figures} == {".png", ".pdf"}
+
+
+def test_variant_set_replaces_ops_sizes_and_variants(tmp_path):
+    """experiment.variant_set=session5 runs that set's blocks whole (not merged with the session-4 sweep), and every
+    variant names only keyword arguments the kernels take."""
+    cfg = _config(tmp_path, ["experiment.variant_set=session5"])
+    kernels.apply_variant_set(cfg)
+    assert list(cfg.experiment.ops) == ["decode", "scores", "quantize", "prod"]
+    assert list(cfg.experiment.variants.quantize) == ["cell table (session 4 default)", "midpoint tree",
+                                                      "midpoint tree bn32 st2"]
+    assert "no-lookup (diagnostic: no nearest-centroid step)" not in cfg.experiment.variants.quantize
+    assert [3.5, 3.5] in [list(case[2:]) for case in cfg.experiment.sizes.quick.decode.extra]
+    from turboquant.kernels._decode import DECODERS
+
+    for op, variants in cfg.experiment.variants.items():
+        for variant in variants.values():
+            assert set(variant) <= {"graph", "decoder", "inner", "block_n", "split_factor", "nearest", "lookup",
+                                    "num_stages"}, (op, dict(variant))
+            assert variant.get("decoder", "table") in DECODERS and variant.get("inner", "dot") in ("dot", "fma")
+    with pytest.raises(ValueError, match="not one of"):
+        kernels.apply_variant_set(_config(tmp_path, ["experiment.variant_set=session9"]))

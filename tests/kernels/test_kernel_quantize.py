@@ -31,12 +31,15 @@ def assert_codes_match(codes, ref_codes, y, boundaries, bits, dim):
     (100, 3, torch.float32, 9),       # partial last group: spare bits must stay zero
     (300, 2, torch.bfloat16, 17),     # dim > 256: chunked rotation path
     (64, 1, torch.float16, 20),
+    (64, 2, torch.float16, 20),       # (the tree's 2-bit case; 4 and 3 bits above)
 ])
-def test_matches_reference(device, generator, dim, bits, dtype, n):
+@pytest.mark.parametrize("nearest", ["table", "tree"])
+def test_matches_reference(device, generator, dim, bits, dtype, n, nearest):
+    """The cell-table gather and the midpoint tree (sign + binary search of |y|) give the reference's codes."""
     cb = tq.lloyd_max_codebook(dim, bits)
     rotation = tq.make_rotation("haar", dim, seed=3).matrix().to(device)
     x = (3 * torch.randn(n, dim, generator=generator)).to(dtype).to(device)
-    codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, bits)
+    codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, bits, nearest=nearest)
     ref_codes, ref_norms, y = quantize_mse_reference(x, rotation, cb.boundaries, bits)
     assert codes.shape == ref_codes.shape and codes.dtype == torch.uint8
     assert_codes_match(codes, ref_codes, y, cb.boundaries, bits, dim)
@@ -99,3 +102,12 @@ def test_bad_inputs_raise(device):
         quantize_mse_triton(torch.ones(2, 16, device=device), rotation, tq.lloyd_max_codebook(16, 5).boundaries, 5)
 
 
+
+
+def test_tree_needs_symmetric_midpoints(device, generator):
+    x = torch.randn(4, 16, generator=generator).to(device)
+    rotation = tq.make_rotation("haar", 16, seed=0).matrix().to(device)
+    with pytest.raises(ValueError, match="symmetric"):
+        quantize_mse_triton(x, rotation, np.array([-0.2, 0.0, 0.1]), 2, nearest="tree")
+    with pytest.raises(ValueError, match="nearest must be"):
+        quantize_mse_triton(x, rotation, tq.lloyd_max_codebook(16, 2).boundaries, 2, nearest="bucket")

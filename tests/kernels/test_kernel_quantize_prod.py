@@ -21,8 +21,9 @@ def assert_close_off_ties(got_packed, want_packed, bits, dim, margin):
     assert torch.equal(tq.pack_codes(got, bits), got_packed.cpu())  # spare bits zero
 
 
-@pytest.mark.parametrize("dim, bits, n", [(128, 4, 37), (100, 3, 21), (40, 2, 9), (64, 1, 12)])
-def test_matches_library_quantizer(device, generator, dim, bits, n):
+@pytest.mark.parametrize("dim, bits, n", [(128, 4, 37), (100, 3, 21), (40, 2, 9), (64, 1, 12), (64, 5, 12)])
+@pytest.mark.parametrize("nearest", ["table", "tree"])
+def test_matches_library_quantizer(device, generator, dim, bits, n, nearest):
     quantizer = tq.TurboQuantProd(dim, bits, rotation="haar", seed=4)
     x = 2 * torch.randn(n, dim, generator=generator)
     qv = quantizer.quantize(x)
@@ -30,7 +31,7 @@ def test_matches_library_quantizer(device, generator, dim, bits, n):
     args = ((mse.rotation.matrix().to(device), mse.codebook.boundaries, mse.codebook.centroids_tensor(device))
             if mse else (None, None, None))
     codes, signs, norms, residual_norms = quantize_prod_triton(x.to(device), *args, bits - 1,
-                                                               quantizer.qjl.matrix.to(device))
+                                                               quantizer.qjl.matrix.to(device), nearest=nearest)
     ref = quantize_prod_reference(x, *(a.cpu() if isinstance(a, torch.Tensor) else a for a in args), bits - 1,
                                   quantizer.qjl.matrix)
     assert codes.shape == qv.codes.shape and signs.shape == qv.qjl_signs.shape

@@ -23,12 +23,14 @@ def rel_err(out, ref):
     (1, 3, 100, 64, 1),
     (1, 2, 19, 600, 4),     # 300 groups: several group chunks per key tile
 ])
-def test_matches_reference(device, generator, batch, m, n, dim, bits):
+@pytest.mark.parametrize("decoder", ["table", "select"])
+def test_matches_reference(device, generator, batch, m, n, dim, bits, decoder):
+    """The table gather and the register codebook (sign + magnitude select tree) agree with float64."""
     cb = tq.lloyd_max_codebook(dim, bits)
     centroids = cb.centroids_tensor(device)
     codes, norms = random_keys(batch, n, dim, bits, generator, device)
     q_rot = torch.randn(batch, m, dim, generator=generator).to(device)
-    out = mse_scores_triton(q_rot, codes, norms, centroids, bits, scale=0.3)
+    out = mse_scores_triton(q_rot, codes, norms, centroids, bits, scale=0.3, decoder=decoder)
     ref = mse_scores_reference(q_rot, codes, norms, centroids, bits, scale=0.3)
     assert out.shape == (batch, m, n) and out.dtype == torch.float32
     assert rel_err(out, ref) < 2e-3

@@ -17,6 +17,11 @@ read as an int (round-to-nearest by the FMA itself, no float-to-int conversion).
 one int32 entry: the midpoint as float32 with its 4 low mantissa bits replaced by the base code, which
 moves the midpoint by < 16 ulp (~1e-7 at |t| ~ 0.1), far below the fp16 rounding of ``y``.
 
+Or, with ``nearest="tree"``, no memory access at all: the Lloyd-Max midpoints are symmetric (t_{2^b-2-k} = -t_k,
+the middle one 0), so with ``h = 2^(b-1)`` and ``j = #{positive midpoints < |y|}`` (a branch-free binary search
+over the h - 1 positive midpoints held as scalars: b - 1 compares and selects), ``idx = h + j`` for y > 0 and
+``h - 1 - j`` otherwise (:func:`_tree_codes`). ``nearest_operands`` builds either variant's table argument.
+
 Exactness: ``y`` is computed from fp16-rounded operands, so a coordinate within ~1e-3 * |y| of a
 midpoint may land in the neighbouring cell of the float64 reference; elsewhere the codes are bit-exact.
 Measured speed and its limits: ``benchmarks/NOTES.md``.
@@ -87,15 +92,58 @@ def _nearest_centroid(y, table_ptr, lut_scale, lut_offset, LUT_MASK: tl.constexp
 
 
 @triton.jit
-def _codes(y, table_ptr, lut_scale, lut_offset, LUT_MASK: tl.constexpr, LOOKUP: tl.constexpr,
-           CODE_MASK: tl.constexpr):
-    """Codes of ``y`` through the cell table; ``LOOKUP=False`` skips the table (wrong codes: the low bits of
-    the cell index), which the benchmark uses to attribute time to the nearest-centroid step."""
-    if LOOKUP:
-        idx = _nearest_centroid(y, table_ptr, lut_scale, lut_offset, LUT_MASK)
+def _tree_codes(y, mid_ptr, BITS: tl.constexpr):
+    """idx = #{k: y > t_k} for a symmetric codebook from its h - 1 positive midpoints ``mid_ptr[0..h-2]``
+    (increasing, float32): sign of y, then a binary search of |y| among them (module docstring)."""
+    HALF: tl.constexpr = 1 << (BITS - 1)
+    a = tl.abs(y)
+    if BITS == 1:
+        j = tl.zeros(y.shape, dtype=tl.int32)
+    elif BITS == 2:
+        j = (a > tl.load(mid_ptr)).to(tl.int32)
+    elif BITS == 3:
+        c1 = a > tl.load(mid_ptr + 1)
+        c0 = a > tl.where(c1, tl.load(mid_ptr + 2), tl.load(mid_ptr))
+        j = c1.to(tl.int32) * 2 + c0.to(tl.int32)
     else:
-        idx = (y * lut_scale + lut_offset).to(tl.int32, bitcast=True) & CODE_MASK
+        c2 = a > tl.load(mid_ptr + 3)
+        c1 = a > tl.where(c2, tl.load(mid_ptr + 5), tl.load(mid_ptr + 1))
+        t0 = tl.where(c2, tl.where(c1, tl.load(mid_ptr + 6), tl.load(mid_ptr + 4)),
+                      tl.where(c1, tl.load(mid_ptr + 2), tl.load(mid_ptr)))
+        j = c2.to(tl.int32) * 4 + c1.to(tl.int32) * 2 + (a > t0).to(tl.int32)
+    return tl.where(y > 0, HALF + j, (HALF - 1) - j)
+
+
+@triton.jit
+def _codes(y, table_ptr, lut_scale, lut_offset, LUT_MASK: tl.constexpr, NEAREST: tl.constexpr,
+           BITS: tl.constexpr):
+    """Codes of ``y``: through the cell table (``NEAREST="table"``), the midpoint tree (``"tree"``), or
+    ``"none"``: no nearest-centroid step (wrong codes: the low bits of the cell index), which the benchmark uses to
+    attribute time to that step."""
+    if NEAREST == "table":
+        idx = _nearest_centroid(y, table_ptr, lut_scale, lut_offset, LUT_MASK)
+    elif NEAREST == "tree":
+        idx = _tree_codes(y, table_ptr, BITS)
+    else:
+        idx = (y * lut_scale + lut_offset).to(tl.int32, bitcast=True) & ((1 << BITS) - 1)
     return idx
+
+
+def nearest_operands(boundaries: torch.Tensor | np.ndarray, nearest: str, device: torch.device,
+                     ) -> tuple[torch.Tensor, float, float]:
+    """``(table, lut_scale, lut_offset)`` kernel arguments of the nearest-centroid step ``nearest``: the cell table
+    (:func:`nearest_centroid_table`) for ``"table"`` / ``"none"``, the positive midpoints (float32; scale and
+    offset unused) for ``"tree"``, which needs symmetric midpoints."""
+    if nearest not in ("table", "tree", "none"):
+        raise ValueError(f"nearest must be 'table' or 'tree', got {nearest!r}")
+    if nearest != "tree":
+        table, lut_scale, lut_offset = nearest_centroid_table(boundaries)
+        return table.to(device), lut_scale, lut_offset
+    bnd = _as_numpy(boundaries)
+    if not np.allclose(bnd, -bnd[::-1], rtol=0, atol=1e-7) or np.any(np.diff(bnd) <= 0):
+        raise ValueError("nearest='tree' needs sorted symmetric midpoints (a Lloyd-Max codebook); use 'table'")
+    positive = bnd[bnd.size // 2 + 1:] if bnd.size > 1 else np.zeros(1)
+    return torch.tensor(positive, dtype=torch.float32, device=device), 0.0, 0.0
 
 
 @triton.jit
@@ -105,7 +153,7 @@ def _quantize_mse_kernel(
     lut_scale, lut_offset,
     BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, LUT_MASK: tl.constexpr,
-    SINGLE_K: tl.constexpr, RESIDENT: tl.constexpr, LOOKUP: tl.constexpr, CODE_MASK: tl.constexpr,
+    SINGLE_K: tl.constexpr, RESIDENT: tl.constexpr, NEAREST: tl.constexpr,
 ):
     """Persistent grid over tiles of BLOCK_N rows.
 
@@ -147,15 +195,15 @@ def _quantize_mse_kernel(
             x_unit = inv_norm  # placeholder: the chunked path re-reads x for every K chunk
         code_rows = codes_ptr + rows.to(tl.int64) * stride_codes
         if RESIDENT:
-            even = _codes(tl.dot(x_unit, rot_even), table_ptr, lut_scale, lut_offset, LUT_MASK, LOOKUP, CODE_MASK)
-            odd = _codes(tl.dot(x_unit, rot_odd), table_ptr, lut_scale, lut_offset, LUT_MASK, LOOKUP, CODE_MASK)
+            even = _codes(tl.dot(x_unit, rot_even), table_ptr, lut_scale, lut_offset, LUT_MASK, NEAREST, BITS)
+            odd = _codes(tl.dot(x_unit, rot_odd), table_ptr, lut_scale, lut_offset, LUT_MASK, NEAREST, BITS)
             odd = tl.where((g_all * 2 + 1 < dim)[None, :], odd, 0)
             store_group_words(code_rows, row_mask, g_all, row_bytes, even | (odd << BITS), BYTES_PER_GROUP)
         else:
             _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, table_ptr, dim,
                              row_bytes, n_groups, groups_padded, lut_scale, lut_offset,
                              BITS, BYTES_PER_GROUP, CODES_PER_GROUP, BLOCK_N, BLOCK_K, BLOCK_G, LUT_MASK, SINGLE_K,
-                             LOOKUP, CODE_MASK)
+                             NEAREST)
 
 
 @triton.jit
@@ -163,7 +211,7 @@ def _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, tab
                      n_groups, groups_padded, lut_scale, lut_offset,
                      BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, LUT_MASK: tl.constexpr,
-                     SINGLE_K: tl.constexpr, LOOKUP: tl.constexpr, CODE_MASK: tl.constexpr):
+                     SINGLE_K: tl.constexpr, NEAREST: tl.constexpr):
     """Codes of one tile of rows, BLOCK_G groups at a time, re-reading the rotation slices (any width)."""
     k_offs = tl.arange(0, BLOCK_K)
     for g0 in range(0, n_groups, BLOCK_G):
@@ -182,7 +230,7 @@ def _quantize_chunks(x_rows, row_mask, x_unit, inv_norm, code_rows, rot_ptr, tab
                                  mask=row_mask[:, None] & (kk < dim)[None, :], other=0.0).to(tl.float32)
                     rot = tl.load(rot_k + kk[:, None] * groups_padded, mask=kk[:, None] < dim, other=0.0)
                     y = tl.dot((xk * inv_norm[:, None]).to(tl.float16), rot, y)
-            codes = _codes(y, table_ptr, lut_scale, lut_offset, LUT_MASK, LOOKUP, CODE_MASK)
+            codes = _codes(y, table_ptr, lut_scale, lut_offset, LUT_MASK, NEAREST, BITS)
             codes = tl.where((g_offs * CODES_PER_GROUP + k < dim)[None, :], codes, 0)
             words = words | (codes << (BITS * k))
         store_group_words(code_rows, row_mask, g_offs, row_bytes, words, BYTES_PER_GROUP)
@@ -223,6 +271,7 @@ def quantize_mse_triton(
     num_stages: int = 3,
     programs_per_sm: int = 4,
     lookup: bool = True,
+    nearest: str = "table",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TurboQuant_mse codes and norms of ``x`` (..., dim) in one kernel.
 
@@ -235,6 +284,8 @@ def quantize_mse_triton(
         block_n, num_warps, num_stages, programs_per_sm: tuning (rows per tile, warps, software-pipeline
             depth of the row loads, persistent programs per SM).
         lookup: False skips the nearest-centroid step and returns wrong codes (benchmark attribution only).
+        nearest: ``"table"`` (cell-table gather) or ``"tree"`` (midpoint binary search in registers, symmetric
+            codebooks; module docstring).
 
     Returns:
         ``(codes, norms)``: uint8 (..., ceil(dim * bits / 8)) in the library's packed layout, and
@@ -255,8 +306,7 @@ def quantize_mse_triton(
     norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
     if n_rows == 0:
         return codes.reshape(*lead_shape, row_bytes), norms.reshape(lead_shape)
-    table, lut_scale, lut_offset = nearest_centroid_table(boundaries)
-    table = table.to(x.device)
+    table, lut_scale, lut_offset = nearest_operands(boundaries, nearest if lookup else "none", x.device)
     groups = num_groups(dim, bits)
     # Rows wider than 128 take the K-loop path: a single 256-wide tile with its rotation slices needs up to
     # 303 KB of shared memory on sm_90 (limit 227 KB; measured on the H200 at d = 129..256, 2-3 bits).
@@ -276,7 +326,7 @@ def quantize_mse_triton(
         BITS=bits, BYTES_PER_GROUP=bytes_per_group, CODES_PER_GROUP=codes_per_group,
         BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_G=block_g, LUT_MASK=table.numel() - 1,
         SINGLE_K=dim <= block_k, RESIDENT=dim <= block_k and codes_per_group == 2 and groups <= block_g,
-        LOOKUP=lookup, CODE_MASK=2 ** bits - 1,
+        NEAREST=nearest if lookup else "none",
         num_warps=num_warps, num_stages=num_stages,
     )
     return codes.reshape(*lead_shape, row_bytes), norms.reshape(lead_shape)

@@ -33,8 +33,8 @@ from ._layout import (
 from .quantize import (
     _as_numpy,
     _check_inputs,
-    _nearest_centroid,
-    nearest_centroid_table,
+    _codes,
+    nearest_operands,
     stream_rotation,
 )
 
@@ -49,7 +49,7 @@ def _quantize_prod_kernel(
     stride_x, stride_codes, stride_signs, lut_scale, lut_offset,
     MSE_BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_G1: tl.constexpr,
-    LUT_MASK: tl.constexpr, HAS_MSE: tl.constexpr,
+    LUT_MASK: tl.constexpr, HAS_MSE: tl.constexpr, NEAREST: tl.constexpr,
 ):
     """One tile of BLOCK_N rows. ``rot_ptr``/``sketch_ptr``: Pi and S in stream order
     (``stream_rotation``: [k, i, g] = M[g * cpg + k, i]); ``basis_ptr``: Pi rows in stream order
@@ -74,7 +74,7 @@ def _quantize_prod_kernel(
             valid = g_offs * CODES_PER_GROUP + k < dim
             rot = tl.load(rot_ptr + k * dim * groups_padded + d_offs[:, None] * groups_padded + g_offs[None, :],
                           mask=d_mask[:, None], other=0.0)
-            codes = _nearest_centroid(tl.dot(unit16, rot), table_ptr, lut_scale, lut_offset, LUT_MASK)
+            codes = _codes(tl.dot(unit16, rot), table_ptr, lut_scale, lut_offset, LUT_MASK, NEAREST, MSE_BITS)
             codes = tl.where(valid[None, :], codes, 0)
             words = words | (codes << (MSE_BITS * k))
             values = tl.where(valid[None, :], tl.load(cent_ptr + codes), 0.0)
@@ -109,6 +109,7 @@ def quantize_prod_triton(
     *,
     block_n: int = 32,
     num_warps: int = 4,
+    nearest: str = "table",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """TurboQuant_prod codes of ``x`` (..., dim), dim <= 256, in one kernel.
 
@@ -118,6 +119,7 @@ def quantize_prod_triton(
             codebook's midpoints and centroids); all None when ``mse_bits == 0`` (b = 1: QJL alone).
         mse_bits: b - 1, in 0..4.
         qjl_matrix: S (dim, dim), the QJL stage's Gaussian matrix (``TurboQuantProd.qjl.matrix``).
+        nearest: the MSE stage's nearest-centroid step, ``"table"`` or ``"tree"`` (``quantize.nearest_operands``).
 
     Returns:
         ``(codes, signs, norms, residual_norms)``: codes uint8 (..., ceil(dim * mse_bits / 8)) (empty
@@ -153,9 +155,8 @@ def quantize_prod_triton(
             groups = pow2_at_least(num_groups(dim, mse_bits))
             rot = stream_rotation(rotation_matrix, mse_bits, groups)
             basis = rot.transpose(1, 2).contiguous().float()
-            table, lut_scale, lut_offset = nearest_centroid_table(boundaries)
+            table, lut_scale, lut_offset = nearest_operands(boundaries, nearest, x.device)
             cent = centroids.to(device=x.device, dtype=torch.float32).contiguous()
-            table = table.to(x.device)
         else:  # QJL alone: the MSE operands are never read
             bytes_per_group, codes_per_group, groups = 1, 1, 16
             rot = basis = cent = sketch
@@ -166,7 +167,7 @@ def quantize_prod_triton(
             rows.stride(0), codes.stride(0), signs.stride(0), lut_scale, lut_offset,
             MSE_BITS=max(mse_bits, 1), BYTES_PER_GROUP=bytes_per_group, CODES_PER_GROUP=codes_per_group,
             BLOCK_N=block_n, BLOCK_D=pow2_at_least(dim), BLOCK_G=groups, BLOCK_G1=sign_groups,
-            LUT_MASK=table.numel() - 1, HAS_MSE=has_mse,
+            LUT_MASK=table.numel() - 1, HAS_MSE=has_mse, NEAREST=nearest,
             num_warps=num_warps,
         )
     return (codes.reshape(*lead_shape, row_bytes), signs.reshape(*lead_shape, sign_bytes),

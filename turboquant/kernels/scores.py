@@ -6,7 +6,8 @@ For a key stored as codes ``idx`` and norm ``n`` (Algorithm 1), its dequantizati
     <q, k~> = n * <Pi q, c[idx]>.
 
 The query is rotated once (``q_rot = Pi q``, outside the kernel); keys are never rotated back. Each
-program decodes a tile of packed keys to fp16 centroid values in registers (a 2^b-entry table) and
+program decodes a tile of packed keys to fp16 centroid values in registers (``_decode``: a 2^b-entry table, or a
+register codebook) and
 multiplies it with the query tile on the tensor cores (``tl.dot``, fp32 accumulation), then scales
 column t by ``n_t * scale``. The only bytes read are the packed codes and norms: at d = 128, b = 4,
 66 bytes per key against 512 for fp32 and 256 for bf16 keys (the blog's "up to 8x" is this ratio).
@@ -21,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._decode import check_decoder, code_values, nibble_pair_values
 from ._layout import (
     check_device,
     group_geometry,
@@ -32,24 +34,13 @@ from ._layout import (
 
 
 @triton.jit
-def decode_codes(words, table_ptr, k: tl.constexpr, BITS: tl.constexpr, LOOKUP: tl.constexpr):
-    """fp16 centroid values of code ``k`` of every group in ``words`` (any shape): c[idx] from the
-    2^b-entry table (L1-resident). ``LOOKUP=False`` returns the raw code as fp16 instead (wrong
-    values): the benchmark uses it to attribute time to the lookup."""
-    codes = (words >> (BITS * k)) & ((1 << BITS) - 1)
-    if LOOKUP:
-        return tl.load(table_ptr + codes)
-    return codes.to(tl.float16)
-
-
-@triton.jit
 def _mse_scores_kernel(
     q_ptr, codes_ptr, norms_ptr, cent_ptr, out_ptr,
     n_queries, n_keys, row_bytes, n_groups, groups_padded,
     stride_qb, stride_qm, stride_cb, stride_cn, stride_nb, stride_ob, stride_om,
     scale,
     BITS: tl.constexpr, BYTES_PER_GROUP: tl.constexpr, CODES_PER_GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, LOOKUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, DECODE: tl.constexpr,
 ):
     """Scores transposed, (keys, queries) per tile, so the decoded keys are the A operand of tl.dot as loaded.
 
@@ -69,10 +60,16 @@ def _mse_scores_kernel(
     for g0 in range(0, n_groups, BLOCK_G):
         g_offs = tl.multiple_of(g0, BLOCK_G) + tl.arange(0, BLOCK_G)
         words = load_group_words(code_rows, mask_n, g_offs, row_bytes, BYTES_PER_GROUP)
-        for k in tl.static_range(CODES_PER_GROUP):
-            keys = decode_codes(words, cent_ptr, k, BITS, LOOKUP)
-            q_t = tl.load(q_cols + (k * groups_padded + g_offs)[:, None], mask=mask_m[None, :], other=0.0)
-            acc = tl.dot(keys, q_t, acc)
+        if CODES_PER_GROUP == 2:  # 4-bit: both codes of a byte at once
+            even, odd = nibble_pair_values(words, cent_ptr, DECODE)
+            acc = tl.dot(even, tl.load(q_cols + g_offs[:, None], mask=mask_m[None, :], other=0.0), acc)
+            acc = tl.dot(odd, tl.load(q_cols + (groups_padded + g_offs)[:, None], mask=mask_m[None, :], other=0.0),
+                         acc)
+        else:
+            for k in tl.static_range(CODES_PER_GROUP):
+                keys = code_values(words, BITS * k, cent_ptr, BITS, DECODE)
+                q_t = tl.load(q_cols + (k * groups_padded + g_offs)[:, None], mask=mask_m[None, :], other=0.0)
+                acc = tl.dot(keys, q_t, acc)
     norms = tl.load(norms_ptr + batch * stride_nb + rows_n, mask=mask_n, other=0.0).to(tl.float32)
     out = acc * (norms * scale)[:, None]
     out_ptrs = out_ptr + batch * stride_ob + rows_m[None, :] * stride_om + rows_n[:, None]
@@ -121,6 +118,7 @@ def mse_scores_triton(
     block_n: int = 128,
     num_warps: int = 4,
     lookup: bool = True,
+    decoder: str = "table",
 ) -> torch.Tensor:
     """``scale * <q_rot[b, i], c[codes[b, t]]> * norms[b, t]`` for every b, i, t: (batch, m, n).
 
@@ -132,8 +130,12 @@ def mse_scores_triton(
         centroids: the codebook's 2^bits centroids (unit-sphere scale).
         block_m, block_n, num_warps: tile shape and warps per program (tuning).
         lookup: False skips the centroid lookup and returns wrong values (benchmark attribution only).
+        decoder: how codes become centroids in registers (``_decode``): ``"table"`` (gather), ``"select"``
+            (register codebook), ``"prmt"`` (inline PTX for 4-bit codes, GPU only); the last two need the
+            symmetric Lloyd-Max codebook.
     """
     _check(q_rot, codes, norms, centroids, bits)
+    check_decoder(decoder, centroids)
     check_device(q_rot.device)
     batch, n_queries, dim = q_rot.shape
     n_keys = codes.shape[1]
@@ -158,7 +160,7 @@ def mse_scores_triton(
         out.stride(0), out.stride(1),
         scale,
         BITS=bits, BYTES_PER_GROUP=bytes_per_group, CODES_PER_GROUP=codes_per_group,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_G=block_g, LOOKUP=lookup,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_G=block_g, DECODE=decoder if lookup else "none",
         num_warps=num_warps,
     )
     return out

@@ -2,10 +2,14 @@
 
 Kernel 1 (:func:`decode_split_kernel`): one program per (batch row, KV head, KV split) covering the whole GQA
 group of query heads, so each cache byte is read once. It walks its token range in tiles, decodes codes to fp16
-table values in registers (QJL sign bits to +-1 without a table), computes each stage's logits and ``P V`` with
-``tl.dot`` (fp32 accumulation) and an online softmax, and writes the split's normalized output (rotated, groups
-concatenated) and log-sum-exp. The second channel group and the QJL stages are ``tl.constexpr`` flags: a
-one-group TurboQuant_mse cache compiles to the one-stage kernel.
+centroid values in registers (QJL sign bits to +-1 without a table), computes each stage's logits and ``P V`` with
+an online softmax, and writes the split's normalized output (rotated, groups concatenated) and log-sum-exp. The
+second channel group and the QJL stages are ``tl.constexpr`` flags: a one-group TurboQuant_mse cache compiles to
+the one-stage kernel. Two more constexprs choose the inner loop: ``DECODE`` the code decoder (``_decode``: table
+gather, register codebook by selects, or inline-PTX ``prmt`` for 4-bit codes) and ``INNER`` the multiply:
+``"dot"`` (``tl.dot`` on the tensor cores, fp16 operands, fp32 accumulation) or ``"fma"`` (CUDA-core FMAs in fp32,
+a broadcast multiply and ``tl.sum``, so the decoded tile is never staged through shared memory for an MMA; decode is
+a matrix-vector product per query head, worth it for small GQA groups).
 
 Kernel 2 (:func:`combine_kernel`): one program per (batch row, block of query heads) merges the splits by their
 log-sum-exp and applies the block-diagonal ``Pi_V^T`` (a small matmul), writing the output in the query's dtype,
@@ -16,42 +20,66 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._decode import code_values, nibble_pair_values
 from .._layout import load_group_words, stream_coordinates, words_to_stream_codes
-from ..scores import decode_codes
 
 
 @triton.jit
-def _code_values(words, shift, table_ptr, BITS: tl.constexpr, SIGNS: tl.constexpr, LOOKUP: tl.constexpr):
-    """fp16 values of the ``BITS``-bit codes at bit ``shift`` of ``words``: ``table[code]``, or -1 / +1 for QJL sign
-    bits (``SIGNS``, no table); ``LOOKUP=False`` gives the raw code (benchmark attribution only, wrong values)."""
-    codes = (words >> shift) & ((1 << BITS) - 1)
+def _code_values(words, shift, table_ptr, BITS: tl.constexpr, SIGNS: tl.constexpr, DECODE: tl.constexpr):
+    """fp16 values of the ``BITS``-bit codes at bit ``shift`` of ``words``: the codebook's (``_decode``), or -1 / +1
+    for QJL sign bits (``SIGNS``, no table)."""
     if SIGNS:
-        values = (codes * 2 - 1).to(tl.float16)
-    elif LOOKUP:
-        values = tl.load(table_ptr + codes)
+        values = (((words >> shift) & 1) * 2 - 1).to(tl.float16)
     else:
-        values = codes.to(tl.float16)
+        values = code_values(words, shift, table_ptr, BITS, DECODE)
     return values
+
+
+@triton.jit
+def _matmul(a, b, acc, INNER: tl.constexpr):
+    """``acc + a @ b`` in fp32 (a: (M, K), b: (K, N)): ``tl.dot`` with fp16 operands, or CUDA-core FMAs."""
+    if INNER == "dot":
+        out = tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
+    else:
+        out = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    return out
+
+
+@triton.jit
+def _weighted_sum(p, values, acc, INNER: tl.constexpr):
+    """``acc + p^T @ values`` in fp32 (p: (tokens, heads), values: (tokens, channels)): ``P V`` of one tile."""
+    if INNER == "dot":
+        out = tl.dot(tl.trans(p.to(tl.float16)), values, acc)
+    else:
+        out = acc + tl.sum(p[:, :, None] * values.to(tl.float32)[:, None, :], axis=0)
+    return out
 
 
 @triton.jit
 def _stage_scores(rows, tok_mask, row_bytes, q_cols, head_mask, table_ptr,
                   BITS: tl.constexpr, BPG: tl.constexpr, CPG: tl.constexpr, GROUPS: tl.constexpr,
-                  BLOCK_M: tl.constexpr, SIGNS: tl.constexpr, LOOKUP: tl.constexpr):
+                  BLOCK_M: tl.constexpr, SIGNS: tl.constexpr, DECODE: tl.constexpr, INNER: tl.constexpr):
     """(tokens, heads) fp32 ``<q_stage, table[code]>`` for the packed rows at ``rows``; ``q_cols`` points at the
     stage's query in stream order (position ``k * GROUPS + g`` = code k of group g).
 
-    With at least 16 code groups: one ``tl.dot`` per code position k (K = GROUPS). A smaller stage (the outlier
-    group: 32 channels of 3-bit codes or of sign bits are 4 groups) packs ``16 // GROUPS`` code positions into the
-    16 columns a ``tl.dot`` needs (column c: position k0 + c // GROUPS of group c % GROUPS, the same stream order),
-    rather than padding every position to 16 groups."""
+    With at least 16 code groups: one product per code position k (K = GROUPS); 4-bit codes decode both positions
+    of a byte at once (:func:`nibble_pair_values`). A smaller stage (the outlier group: 32 channels of 3-bit codes
+    or of sign bits are 4 groups) packs ``16 // GROUPS`` code positions into the 16 columns a ``tl.dot`` needs
+    (column c: position k0 + c // GROUPS of group c % GROUPS, the same stream order), rather than padding every
+    position to 16 groups."""
     acc = tl.zeros((rows.shape[0], BLOCK_M), dtype=tl.float32)
     if GROUPS >= 16:
         g_offs = tl.arange(0, GROUPS)
         words = load_group_words(rows, tok_mask, g_offs, row_bytes, BPG)
-        for k in tl.static_range(CPG):
-            q_t = tl.load(q_cols + (k * GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
-            acc = tl.dot(_code_values(words, BITS * k, table_ptr, BITS, SIGNS, LOOKUP), q_t, acc)
+        if CPG == 2 and not SIGNS:
+            even, odd = nibble_pair_values(words, table_ptr, DECODE)
+            q_even = tl.load(q_cols + g_offs[:, None], mask=head_mask[None, :], other=0.0)
+            q_odd = tl.load(q_cols + (GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
+            acc = _matmul(odd, q_odd, _matmul(even, q_even, acc, INNER), INNER)
+        else:
+            for k in tl.static_range(CPG):
+                q_t = tl.load(q_cols + (k * GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
+                acc = _matmul(_code_values(words, BITS * k, table_ptr, BITS, SIGNS, DECODE), q_t, acc, INNER)
     else:
         cols = tl.arange(0, 16)
         words = load_group_words(rows, tok_mask, cols % GROUPS, row_bytes, BPG)
@@ -61,7 +89,7 @@ def _stage_scores(rows, tok_mask, row_bytes, q_cols, head_mask, table_ptr,
             q_t = tl.load(q_cols + (k0 * GROUPS + cols)[:, None], mask=head_mask[None, :] & live[:, None],
                           other=0.0)
             shift = (BITS * tl.where(live, position, 0))[None, :]
-            acc = tl.dot(_code_values(words, shift, table_ptr, BITS, SIGNS, LOOKUP), q_t, acc)
+            acc = _matmul(_code_values(words, shift, table_ptr, BITS, SIGNS, DECODE), q_t, acc, INNER)
     return acc
 
 
@@ -86,7 +114,7 @@ def _value_group_starts(group, b, kv_head):
 
 @triton.jit
 def _key_group_logits(starts, group, toks, tok_mask, q_cols, head_mask, scale,
-                      GEOMETRY: tl.constexpr, BLOCK_M: tl.constexpr, LOOKUP: tl.constexpr):
+                      GEOMETRY: tl.constexpr, BLOCK_M: tl.constexpr, DECODE: tl.constexpr, INNER: tl.constexpr):
     """One key group's share of the tile's logits, (tokens, heads) fp32:
     ``scale * n_t * (<Pi q_g, c[idx_t]> + rho_t <gamma S q_g, z_t>)`` (the QJL term only with ``QJL``).
     ``starts``: :func:`_key_group_starts`; ``group``: the group's kernel argument (``launch._key_group_args``);
@@ -105,13 +133,14 @@ def _key_group_logits(starts, group, toks, tok_mask, q_cols, head_mask, scale,
     rows = toks.to(tl.int64)
     if BITS > 0:
         unit = _stage_scores(codes + rows * stride_cn, tok_mask, code_bytes, q_cols + Q_OFF, head_mask, table,
-                             BITS, BPG, CPG, GROUPS, BLOCK_M, False, LOOKUP)
+                             BITS, BPG, CPG, GROUPS, BLOCK_M, False, DECODE, INNER)
     else:
         unit = tl.zeros((toks.shape[0], BLOCK_M), dtype=tl.float32)
     if QJL:
         rho = tl.load(residual_norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
         unit += rho[:, None] * _stage_scores(signs + rows * stride_sn, tok_mask, sign_bytes, q_cols + QJL_Q_OFF,
-                                             head_mask, table, 1, 1, 8, SIGN_GROUPS, BLOCK_M, True, LOOKUP)
+                                             head_mask, table, 1, 1, 8, SIGN_GROUPS, BLOCK_M, True, DECODE,
+                                             INNER)
     norm = tl.load(norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
     return unit * (norm * scale)[:, None]
 
@@ -133,7 +162,7 @@ def _value_accumulators(BLOCK_M: tl.constexpr, GEOMETRY: tl.constexpr):
 
 @triton.jit
 def _accumulate_values(acc_a, acc_b, p, alpha, starts, group, toks, tok_mask, GEOMETRY: tl.constexpr,
-                       LOOKUP: tl.constexpr):
+                       DECODE: tl.constexpr, INNER: tl.constexpr):
     """``acc <- alpha * acc + sum_t p_t n_t c[idx_t]`` for one value group over the tile (its rotated domain);
     ``starts``: :func:`_value_group_starts`, ``group``: ``launch._value_group_args``, ``GEOMETRY``: its
     ``format.ValueGeometry``."""
@@ -144,18 +173,15 @@ def _accumulate_values(acc_a, acc_b, p, alpha, starts, group, toks, tok_mask, GE
     codes, norms = starts
     table, code_bytes, stride_cn = group[2], group[3], group[0][3]
     norm = tl.load(norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
-    p_t = tl.trans((p * norm[:, None]).to(tl.float16))
+    p_n = p * norm[:, None]
     words = load_group_words(codes + toks.to(tl.int64) * stride_cn, tok_mask, tl.arange(0, GROUPS), code_bytes, BPG)
     if CPG == 2:
-        acc_a = tl.dot(p_t, decode_codes(words, table, 0, BITS, LOOKUP), acc_a * alpha[:, None])
-        acc_b = tl.dot(p_t, decode_codes(words, table, 1, BITS, LOOKUP), acc_b * alpha[:, None])
+        even, odd = nibble_pair_values(words, table, DECODE)
+        acc_a = _weighted_sum(p_n, even, acc_a * alpha[:, None], INNER)
+        acc_b = _weighted_sum(p_n, odd, acc_b * alpha[:, None], INNER)
     else:
         stream = words_to_stream_codes(words, BITS, CPG)
-        if LOOKUP:
-            values = tl.load(table + stream)
-        else:
-            values = stream.to(tl.float16)
-        acc_a = tl.dot(p_t, values, acc_a * alpha[:, None])
+        acc_a = _weighted_sum(p_n, code_values(stream, 0, table, BITS, DECODE), acc_a * alpha[:, None], INNER)
     return acc_a, acc_b
 
 
@@ -182,12 +208,12 @@ def _store_values(part, acc_a, acc_b, inv_l, head_mask, GEOMETRY: tl.constexpr):
 def decode_split_kernel(
     q_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr, k0, k1, v0, v1,
     tokens_per_split, q_strides, part_strides, lse_strides, scale_log2,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOKUP: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DECODE: tl.constexpr, INNER: tl.constexpr,
     K_SPLIT: tl.constexpr, V_SPLIT: tl.constexpr,
     K0: tl.constexpr, K1: tl.constexpr, V0: tl.constexpr, V1: tl.constexpr,
 ):
     """One (batch row, KV head, split). Logits are kept transposed, (tokens, heads), so decoded keys are the
-    A operand of tl.dot; ``q_ptr`` holds every key stage's query in stream order (:attr:`CacheFormat.query_map`).
+    A operand of the product; ``q_ptr`` holds every key stage's query in stream order (:attr:`CacheFormat.query_map`).
     ``k{g}`` / ``v{g}`` are key / value channel group g as tuples of its strided fields and sizes
     (``launch._key_group_args`` / ``_value_group_args``), ``K{g}`` / ``V{g}`` its compile-time geometry
     (``format.KeyGeometry`` / ``ValueGeometry``); group 1 and the QJL stages are read only under their flags."""
@@ -216,18 +242,21 @@ def decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         toks = n0 + tl.arange(0, BLOCK_N)
         tok_mask = toks < end
-        logits = _key_group_logits(k0_starts, k0, toks, tok_mask, q_cols, head_mask, scale_log2, K0, BLOCK_M, LOOKUP)
+        logits = _key_group_logits(k0_starts, k0, toks, tok_mask, q_cols, head_mask, scale_log2, K0, BLOCK_M, DECODE,
+                                   INNER)
         if K_SPLIT:
             logits += _key_group_logits(k1_starts, k1, toks, tok_mask, q_cols, head_mask, scale_log2, K1, BLOCK_M,
-                                        LOOKUP)
+                                        DECODE, INNER)
         logits = tl.where(tok_mask[:, None], logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(logits, axis=0))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(logits - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
-        acc0_a, acc0_b = _accumulate_values(acc0_a, acc0_b, p, alpha, v0_starts, v0, toks, tok_mask, V0, LOOKUP)
+        acc0_a, acc0_b = _accumulate_values(acc0_a, acc0_b, p, alpha, v0_starts, v0, toks, tok_mask, V0, DECODE,
+                                            INNER)
         if V_SPLIT:
-            acc1_a, acc1_b = _accumulate_values(acc1_a, acc1_b, p, alpha, v1_starts, v1, toks, tok_mask, V1, LOOKUP)
+            acc1_a, acc1_b = _accumulate_values(acc1_a, acc1_b, p, alpha, v1_starts, v1, toks, tok_mask, V1,
+                                                DECODE, INNER)
         m_i = m_new
 
     has_tokens = l_i > 0

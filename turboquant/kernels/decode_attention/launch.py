@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import triton
 
+from .._decode import check_decoder
 from .._layout import check_device, pow2_at_least
 from .format import MAX_CHANNEL_GROUPS, CacheFormat, GroupFields, check_inputs, one_group_cache
 from .kernel import combine_kernel, decode_split_kernel
@@ -73,6 +74,8 @@ def decode_attention_groups_triton(
     num_warps: int = 4,
     num_stages: int = 2,
     lookup: bool = True,
+    decoder: str = "table",
+    inner: str = "dot",
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of one new query token per sequence over a packed cache of channel groups (module docstring).
@@ -92,12 +95,21 @@ def decode_attention_groups_triton(
         block_n, num_warps, num_stages: tokens per tile, warps per program, pipeline depth (tuning). block_n
             defaults to :func:`default_block_n` (64 for one channel group, 128 for a split).
         lookup: False skips the centroid lookups and returns wrong values (benchmark attribution only).
+        decoder: how codes become centroids in registers (``turboquant.kernels._decode``): ``"table"`` (gather
+            from the codebook in memory), ``"select"`` (register codebook, needs the symmetric Lloyd-Max
+            codebook), ``"prmt"`` (the same for 4-bit groups in inline PTX: GPU only).
+        inner: the multiply of the inner loop: ``"dot"`` (tensor cores, the GQA group padded to 16 rows) or
+            ``"fma"`` (CUDA-core FMAs over the group's own rows; decode is a matrix-vector product per head).
         return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
             (batch, query_heads), ``-inf`` for a row without tokens: what an exact merge with attention over
             other tokens needs (``o = sum_i exp(lse_i - lse) o_i``, ``lse = log sum_i exp(lse_i)``).
     """
     check_inputs(q, keys, values, seq_lens, cache_format, key_permutation, value_permutation)
     check_device(q.device)
+    for table in (*cache_format.key_tables, *cache_format.value_tables):
+        check_decoder(decoder, table)
+    if inner not in ("dot", "fma"):
+        raise ValueError(f"inner must be 'dot' or 'fma', got {inner!r}")
     batch, n_heads, dim = q.shape
     n_kv_heads, max_tokens = keys[0].codes.shape[1], keys[0].codes.shape[2]
     group = n_heads // n_kv_heads
@@ -126,7 +138,8 @@ def decode_attention_groups_triton(
         q_stages, seq_lens, part_out, part_lse, *k_args, *v_args,
         tokens_per_split, q_stages.stride()[:2], part_out.stride()[:3], part_lse.stride()[:2],
         scale * math.log2(math.e),
-        GROUP=group, BLOCK_M=pow2_at_least(group), BLOCK_N=block_n, LOOKUP=lookup, **cache_format.meta,
+        GROUP=group, BLOCK_M=pow2_at_least(group, floor=16 if inner == "dot" else 1), BLOCK_N=block_n,
+        DECODE=decoder if lookup else "none", INNER=inner, **cache_format.meta,
         num_warps=num_warps, num_stages=num_stages,
     )
     out = torch.empty((batch, n_heads, dim), dtype=q.dtype, device=q.device)
@@ -170,8 +183,8 @@ def decode_attention_triton(
         seq_lens: (batch,) number of valid cached tokens per row (<= tokens).
         k_centroids, v_centroids: 2^bits centroids of the key / value codebooks; k_bits, v_bits their widths.
         rotation: dense Pi_K (head_dim, head_dim), y = Pi x; v_rotation: Pi_V (default Pi_K).
-        options: ``scale``, ``num_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``lookup``, ``return_lse``
-            of :func:`decode_attention_groups_triton`.
+        options: ``scale``, ``num_splits``, ``block_n``, ``num_warps``, ``num_stages``, ``lookup``, ``decoder``,
+            ``inner``, ``return_lse`` of :func:`decode_attention_groups_triton`.
     """
     keys, values, cache_format = one_group_cache(q, k_codes, k_norms, v_codes, v_norms, k_centroids, v_centroids,
                                             k_bits, v_bits, rotation, v_rotation)

@@ -1,0 +1,140 @@
+"""Compile kernel variants for a CUDA target without a GPU and count what the SASS does per launch.
+
+    python -m benchmarks.compile_offline                 # decode + scores variants of session 5, sm_90
+    python -m benchmarks.compile_offline --arch 90 --ops decode
+
+Each launch of the entry points (called on small CPU tensors of the benchmark's shapes: 32 query / 8 KV heads,
+d = 128) is compiled by ``triton.compile`` for the target instead of being run (Triton's argument binder and
+specialization, then ptxas, which ships with Triton), and its cubin read with ``cuobjdump`` / ``nvdisasm``:
+registers, spills, static shared memory, and the count of SASS instructions by opcode class in the whole kernel
+(loads from global / shared memory, shared stores, MMA, FMA, byte permutes). Static counts, not timings: they show
+whether a variant stages its decoded tile through shared memory (``STS`` / ``LDSM``) or gathers from a table
+(``LDG`` inside the loop), which is what ``benchmarks/NOTES.md`` found limiting. Catches compile errors before any
+GPU time is spent.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+_CLASSES = {
+    "LDG": r"^LDG", "LDS": r"^LDS(?!M)", "LDSM": r"^LDSM", "STS": r"^STS", "HMMA": r"^HMMA", "HGMMA": r"^HGMMA",
+    "FFMA": r"^FFMA", "HFMA2": r"^HFMA2", "PRMT": r"^PRMT", "SEL": r"^F?SEL", "SHFL": r"^SHFL", "BAR": r"^BAR",
+}
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def sass_profile(cubin: bytes) -> dict[str, int]:
+    """Registers, spill bytes and SASS instruction counts (total and per class of :data:`_CLASSES`) of a cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
+                               text=True).stdout
+        sass = subprocess.run([_tool("nvdisasm"), "-hex", f.name], capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    spills = re.search(r"STACK:(\d+)", usage)
+    ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)]
+    counts = Counter(ops)
+    out = {"regs": int(regs.group(1)) if regs else -1, "stack": int(spills.group(1)) if spills else -1,
+           "sass": len(ops)}
+    for name, pattern in _CLASSES.items():
+        out[name] = sum(n for op, n in counts.items() if re.match(pattern, op))
+    return out
+
+
+def compile_launches(arch: int, calls) -> list[tuple[str, str, dict[str, int], int]]:
+    """Run ``calls()`` with every Triton launch replaced by an offline compile for ``sm_<arch>``; per launch:
+    (kernel name, label set by the caller, :func:`sass_profile`, static shared memory bytes)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile as triton_compile, make_backend
+    from triton.runtime import jit
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    launches, label = [], {"now": ""}
+    original = jit.JITFunction.run
+
+    def compile_instead(self, *args, grid, warmup, **kwargs):
+        binder = jit.create_function_from_signature(self.signature, self.params, backend)
+        bound, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, specialization, options)
+        kernel = triton_compile(ASTSource(self, signature, constexprs, attrs), target=target,
+                                options=options.__dict__)
+        launches.append((self.fn.__name__, label["now"], sass_profile(kernel.asm["cubin"]),
+                         int(kernel.metadata.shared)))
+
+    jit.JITFunction.run = compile_instead
+    try:
+        calls(label)
+    finally:
+        jit.JITFunction.run = original
+    return launches
+
+
+def _session5_calls(ops: list[str]):
+    import turboquant as tq
+    from turboquant.kernels import _layout
+    from turboquant.kernels.decode_attention import decode_attention_triton, launch
+    from turboquant.kernels.scores import mse_scores_triton
+
+    for module in (_layout, launch):
+        module.check_device = lambda device: None
+    import turboquant.kernels.scores as scores_module
+
+    scores_module.check_device = lambda device: None
+    gen = torch.Generator().manual_seed(0)
+    dim = 128
+
+    def run(label):
+        rot = tq.make_rotation("haar", dim, seed=0).matrix()
+        for bits in (4, 3):
+            cb = tq.lloyd_max_codebook(dim, bits).centroids_tensor()
+            lead = (1, 8, 64)
+            codes = tq.pack_codes(torch.randint(0, 2 ** bits, (*lead, dim), generator=gen), bits)
+            norms = torch.rand(*lead, generator=gen).half()
+            q = torch.randn(1, 32, dim, generator=gen)
+            if "decode" in ops:
+                for decoder in ("table", "select", "prmt"):
+                    for inner, block_n in (("dot", 64), ("fma", 32), ("fma", 64)):
+                        label["now"] = f"decode K{bits}V{bits} {decoder} {inner} bn{block_n}"
+                        decode_attention_triton(q, codes, norms, codes, norms, torch.tensor([64], dtype=torch.int32),
+                                                k_centroids=cb, v_centroids=cb, k_bits=bits, v_bits=bits,
+                                                rotation=rot, num_splits=1, block_n=block_n, decoder=decoder,
+                                                inner=inner)
+            if "scores" in ops:
+                for decoder in ("table", "select", "prmt"):
+                    label["now"] = f"scores b={bits} {decoder}"
+                    mse_scores_triton(torch.randn(8, 4, dim, generator=gen), codes[0], norms[0], cb, bits,
+                                      decoder=decoder)
+    return run
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--ops", nargs="+", default=["decode", "scores"])
+    args = parser.parse_args(argv)
+    launches = compile_launches(args.arch, _session5_calls(args.ops))
+    keys = ["regs", "stack", "sass", *_CLASSES]
+    print("| launch | kernel | shared B | " + " | ".join(keys) + " |")
+    print("|---|---|---|" + "---|" * len(keys))
+    for name, label, profile, shared in launches:
+        if name == "combine_kernel":
+            continue
+        print(f"| {label} | {name} | {shared} | " + " | ".join(str(profile[k]) for k in keys) + " |")
+
+
+if __name__ == "__main__":
+    main()
