@@ -35,6 +35,7 @@ depends on the draw). Every method runs at the same memory budget (``experiment.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import textwrap
@@ -386,52 +387,60 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
 
     # context-major: a run stopped early leaves complete grids at the shorter contexts for every method
     units = [unit_of(method, c, d) for c in contexts for method, _ in runs for d in depths]
-    batches = []
-    for context in contexts:
-        for method, seed in runs:
-            pending = [d for d in depths if not store.is_done(unit_of(method, context, d))]
-            batches += [(method, seed, context, pending[i:i + batch_size]) for i in range(0, len(pending), batch_size)]
+    run_of = {(method.key, method.identity()): (method, seed) for method, seed in runs}
     failures: dict[str, str] = {}  # method key -> what went wrong
-    if batches:
+
+    def batches(missing: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        """The missing depths of one (method, seed, context), ``batch_size`` at a time."""
+        groups = itertools.groupby(missing, key=lambda unit: (unit["method"], unit["method_options"], unit["context"]))
+        return [cells[i:i + batch_size] for _, group in groups for cells in [list(group)]
+                for i in range(0, len(cells), batch_size)]
+
+    def prepare(_) -> tuple[LoadedModel, PromptBuilder]:
         torch.manual_seed(int(cfg.seed))
         loaded = load_model(spec, device=cfg.scale.device)
         haystack = load_haystack(cfg.experiment.haystack)
         store.record_provenance(**_describe(loaded, haystack.source))
-        builder = PromptBuilder(loaded.tokenizer, haystack.text, task)
-        for method, seed, context, batch_depths in tqdm(batches, desc=f"needle batches (<= {batch_size} cells)"):
-            if method.key in failures:
-                continue  # this method already failed: its other batches would fail the same way
-            prompts = [builder.build(context, depth) for depth in batch_depths]
-            try:
-                results = run_batch(loaded, prompts, method.cache, method.options, max_new_tokens)
-            except (RuntimeError, ValueError) as error:  # the other methods' cells are still worth computing
-                failures[method.key] = f"{method.key} (seed {seed}, context {context}): {type(error).__name__}: {error}"
-                tqdm.write(f"needle: {failures[method.key]}")
-                continue
-            if score_logprob:
-                answers = ([r["answer"] for r in results] if method.key == reference.key else
-                           _reference_answers(store, [unit_of(reference, context, d) for d in batch_depths]))
-                answer_ids = [loaded.tokenizer(a, add_special_tokens=False)["input_ids"] if a else [] for a in answers]
-                logprobs = answer_logprobs(loaded, torch.cat([p.input_ids for p in prompts]), answer_ids,
-                                           method.cache, method.options)
-                for result, value, ids in zip(results, logprobs, answer_ids):
-                    result.update(reference_answer_logprob=value, reference_answer_tokens=len(ids))
-            for depth, prompt, result in zip(batch_depths, prompts, results):
-                row = {
-                    "method_label": method.label,
-                    "paper_method": method.paper_method,
-                    "method_seed": seed,
-                    "haystack": cfg.experiment.haystack,
-                    "model": spec.name,
-                    "model_label": loaded.label,
-                    "prompt_tokens": prompt.prompt_tokens,
-                    "haystack_tokens": prompt.haystack_tokens,
-                    "actual_depth": prompt.actual_depth,
-                    "haystack_repeats": prompt.haystack_repeats,
-                    "score": needle_score(result["answer"], task.keywords),
-                    **result,
-                }
-                store.save_unit(unit_of(method, context, depth), [row])
+        return loaded, PromptBuilder(loaded.tokenizer, haystack.text, task)
+
+    def compute(batch: list[dict[str, Any]], prepared: tuple[LoadedModel, PromptBuilder]) -> list[list[dict]] | None:
+        loaded, builder = prepared
+        context, batch_depths = batch[0]["context"], [unit["depth"] for unit in batch]
+        method, seed = run_of[(batch[0]["method"], batch[0]["method_options"])]
+        if method.key in failures:
+            return None  # this method already failed: its other batches would fail the same way
+        prompts = [builder.build(context, depth) for depth in batch_depths]
+        try:
+            results = run_batch(loaded, prompts, method.cache, method.options, max_new_tokens)
+        except (RuntimeError, ValueError) as error:  # the other methods' cells are still worth computing
+            failures[method.key] = f"{method.key} (seed {seed}, context {context}): {type(error).__name__}: {error}"
+            tqdm.write(f"needle: {failures[method.key]}")
+            return None
+        if score_logprob:
+            answers = ([r["answer"] for r in results] if method.key == reference.key else
+                       _reference_answers(store, [unit_of(reference, context, d) for d in batch_depths]))
+            answer_ids = [loaded.tokenizer(a, add_special_tokens=False)["input_ids"] if a else [] for a in answers]
+            logprobs = answer_logprobs(loaded, torch.cat([p.input_ids for p in prompts]), answer_ids,
+                                       method.cache, method.options)
+            for result, value, ids in zip(results, logprobs, answer_ids):
+                result.update(reference_answer_logprob=value, reference_answer_tokens=len(ids))
+        return [[{
+            "method_label": method.label,
+            "paper_method": method.paper_method,
+            "method_seed": seed,
+            "haystack": cfg.experiment.haystack,
+            "model": spec.name,
+            "model_label": loaded.label,
+            "prompt_tokens": prompt.prompt_tokens,
+            "haystack_tokens": prompt.haystack_tokens,
+            "actual_depth": prompt.actual_depth,
+            "haystack_repeats": prompt.haystack_repeats,
+            "score": needle_score(result["answer"], task.keywords),
+            **result,
+        }] for prompt, result in zip(prompts, results)]
+
+    store.run_units(units, compute, prepare=prepare, batches=batches,
+                    progress=f"needle batches (<= {batch_size} cells)")
     if _rescore(store, units, task.keywords):
         tqdm.write("needle: re-scored stored answers with the current scorer")
     # the cells of this run's grid and methods: paper_comparison keeps only these rows of the config
