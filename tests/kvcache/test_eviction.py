@@ -101,3 +101,21 @@ def test_pyramidkv_refuses_eager_attention():
     model = transformers.LlamaForCausalLM(config).eval()
     with pytest.raises(ValueError, match="SDPA"), attach(model, build_cache("pyramidkv", config)):
         pass
+
+
+def test_a_prefill_no_attention_function_read_fails_loudly(tiny_model, tiny_config, prompt_ids):
+    """A model whose attention bypasses the registered function never hands SnapKV its queries: leaving attach
+    says so instead of keeping an empty cache; attach takes only this package's caches and does not nest."""
+    cache = build_cache("snapkv", tiny_config, budget=64)
+    before = tiny_model.config._attn_implementation
+    with pytest.raises(RuntimeError, match="no attention call read the prompt"), torch.no_grad():
+        with attach(tiny_model, cache):
+            tiny_model.set_attn_implementation(before)  # as a model with its own attention dispatch would
+            tiny_model(prompt_ids[:, :100], cache=cache)
+    assert tiny_model.config._attn_implementation == before
+    with pytest.raises(TypeError, match="build_cache"), attach(tiny_model, transformers.DynamicCache()):
+        pass
+    with pytest.raises(RuntimeError, match="do not nest"), attach(tiny_model, build_cache("full", tiny_config)):
+        with attach(tiny_model, build_cache("full", tiny_config)):
+            pass
+    assert tiny_model.config._attn_implementation == before

@@ -121,6 +121,6 @@ def test_a_step_no_attention_function_read_fails_loudly(tiny_model, prompt_ids):
     cache = build_cache("turboquant", tiny_model.config, fused_decode=True)
     with torch.no_grad():
         tiny_model(prompt_ids[:, :20], cache=cache)
-        with pytest.raises(RuntimeError, match="never read the packed cache"), attach(tiny_model, cache):
+        with pytest.raises(RuntimeError, match="no attention call read the packed part"), attach(tiny_model, cache):
             tiny_model.set_attn_implementation("sdpa")  # as a model with its own attention dispatch would
             tiny_model(prompt_ids[:, 20:21], cache=cache)

@@ -185,6 +185,7 @@ class CompressedLayer(CacheLayerMixin):
     is_sliding = False
     model_head_dim: int | None = None  # the model's head_dim (set by build_cache), checked at the first update
     attached = False  # True inside ``attach(model, cache)``: the model's attention calls reach :meth:`attend`
+    AWAITING = "what"  # names what ``awaiting`` holds, in the error of :meth:`detach`
     read_path = "workspace"  # how attention reads the store: the tensors update returns ("fused": see turboquant_cache)
 
     def __init__(self, layer_idx: int, fp_dtype: torch.dtype | None = None) -> None:
@@ -192,6 +193,7 @@ class CompressedLayer(CacheLayerMixin):
         self.layer_idx = layer_idx
         self.requested_fp_dtype = fp_dtype
         self.seen_tokens = 0
+        self.awaiting: Any = None  # what update left for this layer's attend call (None: nothing)
 
     # ----------------------------------------------------------------- transformers layer interface
     def check_states(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -285,10 +287,15 @@ class CompressedLayer(CacheLayerMixin):
         ``"eager"``, ...); called by ``attach``."""
 
     def detach(self) -> str | None:
-        """Leave ``attach``: drop what still waits for :meth:`attend` and say what it was (None: nothing), which
-        means the model's attention did not dispatch through transformers' AttentionInterface."""
+        """Leave ``attach``: drop what :meth:`update` left for :meth:`attend` (``awaiting``) if no attention call took
+        it, and say so (None: nothing was left), which means the model's attention did not dispatch through
+        transformers' AttentionInterface."""
         self.attached = False
-        return None
+        if self.awaiting is None:
+            return None
+        self.awaiting = None
+        return (f"layer {self.layer_idx}: no attention call read {self.AWAITING} that update left for it; this "
+                "model's attention does not dispatch through transformers' AttentionInterface")
 
     # ----------------------------------------------------------------- what each method implements
     def _initialize(self) -> None:

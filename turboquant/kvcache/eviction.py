@@ -136,6 +136,8 @@ class EvictionLayer(FullPrecisionLayer):
     stored at the prefill's attention call, where the window's queries are known (module docstring).
     """
 
+    AWAITING = "the prompt's keys and values (never stored)"
+
     def __init__(
         self, layer_idx: int, budget_fn: BudgetFn, kernel_size: int, pooling: str, window_size: int,
         fp_dtype: torch.dtype | None = None, uniform_budget: bool = True,
@@ -144,7 +146,6 @@ class EvictionLayer(FullPrecisionLayer):
         self.uniform_budget = uniform_budget  # False: layers keep different numbers of tokens (PyramidKV)
         self.budget_fn, self.kernel_size, self.pooling = budget_fn, kernel_size, pooling
         self.window_size = window_size
-        self.prompt: tuple[torch.Tensor, torch.Tensor] | None = None  # held from the prefill's update to its attend
         self.prompt_tokens = 0
 
     def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -157,17 +158,17 @@ class EvictionLayer(FullPrecisionLayer):
                 "`with turboquant.kvcache.attach(model, cache):`"
             )
         self.prompt_tokens = key_states.shape[2]
-        self.prompt = (key_states, value_states)
+        self.awaiting = (key_states, value_states)  # the prompt, stored by attend
 
     def write_pending(self) -> bool:
-        return self.prompt is not None
+        return self.awaiting is not None
 
     def attend(self, module, query, key, value, attention_mask, attention, **kwargs):
         """The model's attention over what ``update`` returned (the whole prompt at the prefill); at the prefill,
         then, the votes of the last ``window`` queries choose the prompt tokens to store."""
         out = attention(module, query, key, value, attention_mask, **kwargs)
-        if self.prompt is not None:
-            (keys, values), self.prompt = self.prompt, None
+        if self.awaiting is not None:
+            (keys, values), self.awaiting = self.awaiting, None
             keep, window = self.budget_fn(self.layer_idx, keys.shape[2])
             if keep < keys.shape[2]:
                 keys, values = snapkv_select(keys, values, query, keep, window, self.kernel_size, self.pooling)
@@ -179,13 +180,6 @@ class EvictionLayer(FullPrecisionLayer):
             raise ValueError("PyramidKV's per-layer cache lengths need SDPA attention, not eager (masks are shared "
                              "by layers)")
 
-    def detach(self) -> str | None:
-        super().detach()
-        if self.prompt is None:
-            return None
-        self.prompt = None
-        return (f"layer {self.layer_idx}: the prefill's attention never reached the cache, so the prompt was not "
-                "stored; this model's attention does not dispatch through transformers' AttentionInterface")
 
 
 def _token_budget(prompt_tokens: int, budget: int | None, memory_ratio: float | None,

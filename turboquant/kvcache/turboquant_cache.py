@@ -382,6 +382,8 @@ class TurboQuantLayer(StreamLayer):
     no workspace is kept where the kernel runs, decided at the first update by the device).
     """
 
+    AWAITING = "the packed part of a fused decode step"
+
     def __init__(self, layer_idx: int, config: TurboQuantCacheConfig, fp_dtype: torch.dtype | None = None,
                  keep_workspace: bool = True,
                  decode_fn: Callable[[Encoder, Fields], torch.Tensor] | None = None,
@@ -396,7 +398,6 @@ class TurboQuantLayer(StreamLayer):
         self.config, self.keep_workspace, self.decode_fn = config, keep_workspace, decode_fn
         self.fused_decode = fused_decode
         self.fused = False  # set at the first update: fused_decode and the kernel runs on the device
-        self.pending: DecodeStep | None = None  # a decode step written by update, attended to by attend
         self._format: CacheFormat | None = None  # the kernel's constants, built at the first fused step
 
     def _initialize(self) -> None:
@@ -429,7 +430,7 @@ class TurboQuantLayer(StreamLayer):
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Fused decode steps inside ``attach``: write the token, return only the exact part (window + new token)
         and leave the packed part to :meth:`attend`; anything else: the workspace update."""
-        if self.pending is not None:
+        if self.awaiting is not None:
             raise RuntimeError(self.detach())
         self.check_states(key_states, value_states)
         deferred = (self.is_initialized and self.fused and self.attached and key_states.shape[-2] == 1
@@ -440,13 +441,13 @@ class TurboQuantLayer(StreamLayer):
                           _exact(self.key_stream.residual, key_states), _exact(self.value_stream.residual, value_states))
         self._write(key_states, value_states)
         self.seen_tokens += 1
-        self.pending = step
+        self.awaiting = step
         return step.exact_keys, step.exact_values
 
     def attend(self, module, query, key, value, attention_mask, attention, **kwargs):
         """A pending decode step: the kernel over the packed store merged with the exact part (or, when the mask
         hides cached tokens, the model's attention over the decoded store); anything else: the model's attention."""
-        step, self.pending = self.pending, None
+        step, self.awaiting = self.awaiting, None
         if step is None:
             return attention(module, query, key, value, attention_mask, **kwargs)
         if hides_tokens(attention_mask):  # padded rows: the kernel has no per-token mask
@@ -459,15 +460,6 @@ class TurboQuantLayer(StreamLayer):
         out = decode_step_attention(query, step, self.key_stream.encoder, self.value_stream.encoder, self._format,
                                     scale)
         return out.to(query.dtype)[:, None], None  # (B, 1, heads, d), as the model's reshape expects
-
-    def detach(self) -> str | None:
-        super().detach()
-        if self.pending is None:
-            return None
-        self.pending = None
-        return (f"layer {self.layer_idx}: the attention function never read the packed cache of the last decode "
-                "step; this model's attention does not dispatch through transformers' AttentionInterface, so the "
-                "fused path cannot serve it")
 
     def _full_past(self, step: DecodeStep) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoded packed part + exact part (the torch path when the kernel cannot serve a step)."""
