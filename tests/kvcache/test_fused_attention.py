@@ -1,8 +1,10 @@
 """Fused decode attention (packed store read by the Triton kernel) against the workspace path.
 
 On the CPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set before the kernels are
-imported), so these tests exercise the same kernel code the GPU runs, at tiny sizes.
+imported), so these tests exercise the same kernel code the GPU runs, at tiny sizes; on a CUDA machine the model
+and prompts move to the GPU and the compiled kernel runs.
 """
+import copy
 import os
 
 import pytest
@@ -19,8 +21,20 @@ from turboquant.kvcache.attention import CACHE_ATTENTION
 from turboquant.kvcache.fused_attention import fused_decode_unsupported
 from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig, TurboQuantLayer
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROMPT = 70  # tokens prefilled; the kernel then reads them from the packed store
 STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model):
+    """The shared tiny Llama, on the device the kernel runs on (a copy: the session fixture stays on the CPU)."""
+    return copy.deepcopy(tiny_model).to(DEVICE)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(prompt_ids):
+    return prompt_ids.to(DEVICE)
 
 
 def greedy(model, ids, cache, fused: bool):
@@ -84,7 +98,7 @@ def test_padded_batch_takes_the_torch_path(tiny_model, prompt_ids):
         context = attach(tiny_model, cache) if fused else torch.no_grad()
         with torch.no_grad(), context:
             tiny_model(ids, attention_mask=mask, cache=cache)
-            step_mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], dim=-1)
+            step_mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype, device=mask.device)], dim=-1)
             outputs.append(tiny_model(ids[:, -1:], attention_mask=step_mask, cache=cache).logits.float())
     assert relative_error(outputs[1], outputs[0]) < 1e-5
 
