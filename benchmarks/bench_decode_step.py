@@ -52,11 +52,11 @@ def decode_step(model: torch.nn.Module, token: torch.Tensor, cache: Any, fused: 
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from turboquant.kvcache.fused_attention import fused_decode
+    from turboquant.kvcache import attach
 
     backends = contextlib.nullcontext() if any_sdpa_backend else sdpa_kernel(
         [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-    context = fused_decode(model, cache) if fused else contextlib.nullcontext()
+    context = attach(model, cache) if fused else contextlib.nullcontext()
     with torch.no_grad(), backends, context:
         return model(token, past_key_values=cache).logits[:, -1].float()
 

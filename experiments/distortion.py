@@ -21,7 +21,6 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 import turboquant as tq
 from experiments.coverage import grid_coverage
@@ -81,23 +80,21 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     """Measure every (method, bits) unit not yet in the store; return this run's rows."""
     exp = cfg.experiment
     units = [{"method": str(method), "bits": int(bits)} for bits in exp.bits for method in exp.methods]
-    todo = [unit for unit in units if not store.is_done(unit)]
-    if todo:
-        data = load_unit_embeddings(cfg)
-        store.record_provenance(**data.provenance())
-        for unit in tqdm(todo, desc=f"distortion ({data.name}, d={data.dim})", unit="unit"):
-            quantizer = make_quantizer(unit["method"], data.dim, unit["bits"], cfg.quantizer.rotation, cfg.seed)
-            measured = measure_distortion(quantizer, data, int(exp.pair_chunk))
-            row = {
-                **measured,
-                **predicted_distortion(unit["method"], data.dim, unit["bits"]),
-                "dim": data.dim,
-                "n_base": int(data.base.shape[0]),
-                "n_queries": int(data.queries.shape[0]),
-                "rotation": cfg.quantizer.rotation,
-            }
-            store.save_unit(unit, [row])
-    return store.frame(units)
+
+    def compute(unit: dict, data) -> list[dict]:
+        quantizer = make_quantizer(unit["method"], data.dim, unit["bits"], cfg.quantizer.rotation, cfg.seed)
+        measured = measure_distortion(quantizer, data, int(exp.pair_chunk))
+        return [{
+            **measured,
+            **predicted_distortion(unit["method"], data.dim, unit["bits"]),
+            "dim": data.dim,
+            "n_base": int(data.base.shape[0]),
+            "n_queries": int(data.queries.shape[0]),
+            "rotation": cfg.quantizer.rotation,
+        }]
+
+    return store.run_units(units, compute, prepare=lambda _: load_unit_embeddings(cfg, store),
+                           progress=lambda data: f"distortion ({data.name}, d={data.dim})")
 
 
 def _bound_curves(bits: np.ndarray, dim: int) -> dict[str, np.ndarray]:

@@ -44,13 +44,14 @@ import json
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 __all__ = ["ResultStore", "result_config", "config_to_dict", "experiment_sizes"]
 
@@ -388,6 +389,38 @@ class ResultStore:
                 raise ValueError(f"unit {dict(unit)}: cannot store rows that would read back damaged: "
                                  + "; ".join(f"line {line} {reason}" for line, reason in damaged.items()))
             _atomic_write_text(self.csv_path, text)
+
+    def run_units(self, units: Sequence[Mapping[str, Any]], compute: Callable[..., Any], *,
+                  prepare: Callable[[list[Mapping[str, Any]]], Any] | None = None,
+                  batches: Callable[[list[Mapping[str, Any]]], list[list[Mapping[str, Any]]]] | None = None,
+                  progress: str | Callable[[Any], str] = "units") -> pd.DataFrame:
+        """The unit loop of every experiment: compute the units of ``units`` that are not stored yet, in order,
+        storing each as soon as it is computed (a killed run resumes at the first missing unit); return the rows
+        of ``units`` (:meth:`frame`).
+
+        ``prepare(missing)`` runs once, before the first missing unit and only when one is missing (load the data
+        or the model, record provenance); what it returns is handed to every ``compute``. ``compute(unit,
+        prepared)`` returns the unit's rows. With ``batches``, which groups the missing units into batches
+        computed together (prompts of one generation), ``compute(batch, prepared)`` returns one list of rows per
+        unit of the batch, or None when the batch failed and is left missing (the caller says why). ``progress``
+        labels the progress bar (a callable gets what ``prepare`` returned).
+        """
+        missing = [unit for unit in units if not self.is_done(unit)]
+        if missing:
+            prepared = prepare(missing) if prepare is not None else None
+            groups = batches(missing) if batches is not None else missing
+            for group in tqdm(groups, desc=progress(prepared) if callable(progress) else progress, unit="unit"):
+                if batches is None:
+                    self.save_unit(group, compute(group, prepared))
+                    continue
+                rows = compute(group, prepared)
+                if rows is None:
+                    continue
+                if len(rows) != len(group):
+                    raise ValueError(f"a batch of {len(group)} units gave rows for {len(rows)}")
+                for unit, unit_rows in zip(group, rows):
+                    self.save_unit(unit, unit_rows)
+        return self.frame(units)
 
     def frame(self, units: Sequence[Mapping[str, Any]] | None = None, all_configs: bool = False) -> pd.DataFrame:
         """Rows of this run's config, optionally only those of ``units`` (``all_configs=True``: every row).

@@ -121,22 +121,21 @@ def bias_in_standard_errors(df: pd.DataFrame, method: str, bits: int) -> dict[st
 def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     exp = cfg.experiment
     units = [{"method": str(method), "bits": int(bits)} for bits in exp.bits for method in exp.methods]
-    todo = [unit for unit in units if not store.is_done(unit)]
-    if todo:
-        data = load_unit_embeddings(cfg)
-        store.record_provenance(**data.provenance())
-        for unit in tqdm(todo, desc=f"ip_histogram ({data.name}, d={data.dim})", unit="unit"):
-            quantizer = make_quantizer(unit["method"], data.dim, unit["bits"], cfg.quantizer.rotation, cfg.seed)
-            half_range = error_range(unit["bits"], data.dim, float(exp.range_in_bound_std))
-            rows = histogram_rows(
-                quantizer, data, half_range, int(exp.n_bins), int(exp.pair_chunk), f"{unit['method']} b={unit['bits']}"
-            )
-            seeds = [int(cfg.seed) + k for k in range(int(exp.bias.seeds))]
-            rows += seed_bias_rows(unit["method"], unit["bits"], data, cfg.quantizer.rotation, seeds,
-                                   int(exp.bias.n_base), int(exp.bias.n_queries))
-            context = {"dim": data.dim, "n_base": int(data.base.shape[0]), "n_queries": int(data.queries.shape[0])}
-            store.save_unit(unit, [{**row, **context} for row in rows])
-    return store.frame(units)
+
+    def compute(unit: dict, data) -> list[dict]:
+        quantizer = make_quantizer(unit["method"], data.dim, unit["bits"], cfg.quantizer.rotation, cfg.seed)
+        half_range = error_range(unit["bits"], data.dim, float(exp.range_in_bound_std))
+        rows = histogram_rows(
+            quantizer, data, half_range, int(exp.n_bins), int(exp.pair_chunk), f"{unit['method']} b={unit['bits']}"
+        )
+        seeds = [int(cfg.seed) + k for k in range(int(exp.bias.seeds))]
+        rows += seed_bias_rows(unit["method"], unit["bits"], data, cfg.quantizer.rotation, seeds,
+                               int(exp.bias.n_base), int(exp.bias.n_queries))
+        context = {"dim": data.dim, "n_base": int(data.base.shape[0]), "n_queries": int(data.queries.shape[0])}
+        return [{**row, **context} for row in rows]
+
+    return store.run_units(units, compute, prepare=lambda _: load_unit_embeddings(cfg, store),
+                           progress=lambda data: f"ip_histogram ({data.name}, d={data.dim})")
 
 
 def _summary(df: pd.DataFrame, method: str, bits: int, pairs: str = "all") -> pd.Series | None:

@@ -104,20 +104,24 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     exp = cfg.experiment
     bits = int(exp.bits)
     units = [{"method": str(method), "bits": bits} for method in exp.methods]
-    todo = [unit for unit in units if not store.is_done(unit)]
-    if todo:
-        data = load_unit_embeddings(cfg)
-        store.record_provenance(**data.provenance())
+
+    def prepare(_) -> tuple:
+        data = load_unit_embeddings(cfg, store)
         edges = bucket_edges(data, list(exp.bucket_quantiles), int(exp.quantile_sample_pairs), int(cfg.seed))
+        return data, edges
+
+    def compute(unit: dict, prepared: tuple) -> list[dict]:
+        data, edges = prepared
         half_range = error_range(bits, data.dim, float(exp.range_in_bound_std))
         context = {"dim": data.dim, "n_base": int(data.base.shape[0]), "n_queries": int(data.queries.shape[0])}
-        for unit in tqdm(todo, desc=f"ip_variance ({data.name}, d={data.dim})", unit="unit"):
-            quantizer = make_quantizer(unit["method"], data.dim, bits, cfg.quantizer.rotation, cfg.seed)
-            rows = bucketed_rows(
-                quantizer, data, edges, half_range, int(exp.n_bins), int(exp.pair_chunk), f"{unit['method']} b={bits}"
-            )
-            store.save_unit(unit, [{**row, **context} for row in rows])
-    return store.frame(units)
+        quantizer = make_quantizer(unit["method"], data.dim, bits, cfg.quantizer.rotation, cfg.seed)
+        rows = bucketed_rows(
+            quantizer, data, edges, half_range, int(exp.n_bins), int(exp.pair_chunk), f"{unit['method']} b={bits}"
+        )
+        return [{**row, **context} for row in rows]
+
+    return store.run_units(units, compute, prepare=prepare,
+                           progress=lambda prepared: f"ip_variance ({prepared[0].name}, d={prepared[0].dim})")
 
 
 def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:

@@ -7,18 +7,17 @@ and averaged over forward passes. A batch holds prompts of one length (no paddin
 a single prompt would build); the cache is told the prompt length and ``max_new_tokens`` so a ``memory_ratio``
 budget holds at the peak of the generation.
 
-Attention path. A TurboQuant cache whose configuration the Triton decode kernel serves, on a device where it
-runs (CUDA, or any device under ``TRITON_INTERPRET=1``), is built with ``fused_decode=True`` and generation
-runs inside :func:`turboquant.kvcache.fused_attention.fused_decode`: decode steps read the packed codes. Every
-other case (another method, a configuration the kernel does not implement, no Triton on the device) runs the
-model's own attention over what the cache returns. A method's ``fused_decode`` option, when given, decides
-instead (``True`` never falls back: an unsupported configuration raises). ``Generation.attention_path`` records
-which path ran, so result rows say it.
+Attention path. Generation runs inside :func:`turboquant.kvcache.attach`, and a TurboQuant cache is built with
+``fused_decode="auto"``: where the Triton decode kernel serves its configuration and runs on the device (CUDA, or
+any device under ``TRITON_INTERPRET=1``), decode steps read the packed codes; every other case (another method, a
+configuration the kernel does not implement, no Triton on the device) runs the model's own attention over what the
+cache returns. A method's ``fused_decode`` option (or a workspace ``decode_fn``), when given, decides instead
+(``True`` never falls back: an unsupported configuration raises). ``Generation.attention_path`` records which
+path ran, so result rows say it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -30,13 +29,7 @@ import torch
 
 from experiments.io import config_to_dict
 from experiments.models import LoadedModel
-from turboquant.kvcache import CompressedCache, attach, build_cache
-from turboquant.kvcache.fused_attention import (
-    FusedTurboQuantLayer,
-    attention_path,
-    fused_decode,
-    fused_decode_unavailable,
-)
+from turboquant.kvcache import attach, build_cache
 
 
 @dataclass(frozen=True)
@@ -162,7 +155,8 @@ def generate_with_cache(
         raise ValueError(f"input_ids must be (batch, tokens) with tokens > 0, got shape {tuple(input_ids.shape)}")
     input_ids = input_ids.to(next(model.parameters()).device)
     lengths = {"context_length": int(input_ids.shape[1]), "max_new_tokens": int(max_new_tokens)}
-    cache = cache_for_device(cache_method, model.config, {**lengths, **options}, input_ids.device)
+    read_path = {"fused_decode": "auto"} if cache_method == "turboquant" and "decode_fn" not in options else {}
+    cache = build_cache(cache_method, model.config, **{**lengths, **read_path, **options})
     extra: dict[str, Any] = {}
     if eos_token_ids:
         extra["eos_token_id"] = list(eos_token_ids)
@@ -170,13 +164,11 @@ def generate_with_cache(
         extra["min_new_tokens"] = min_new_tokens
     if stopping_criteria is not None:
         extra["stopping_criteria"] = stopping_criteria
-    fused = any(isinstance(layer, FusedTurboQuantLayer) for layer in cache.layers)
-    read_path = fused_decode(model, cache) if fused else contextlib.nullcontext()
     on_gpu = input_ids.device.type == "cuda"
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(input_ids.device)
     start = time.perf_counter()
-    with attach(model, cache), read_path:
+    with attach(model, cache):
         output = model.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
@@ -204,7 +196,7 @@ def generate_with_cache(
         mean_memory_ratio=float(cache.mean_memory_ratio()),
         bits_per_value=float(cache.bits_per_value()),
         compression_ratio=float(cache.compression_ratio()),
-        attention_path=attention_path(cache),
+        attention_path=cache.attention_path(),
         gpu_peak_bytes=int(torch.cuda.max_memory_allocated(input_ids.device)) if on_gpu else None,
     )
 
@@ -248,14 +240,3 @@ def answer_logprobs(loaded: LoadedModel, input_ids: torch.Tensor, answers: Seque
     logits = torch.cat(steps, dim=1).float().log_softmax(dim=-1)
     picked = logits.gather(-1, answer_ids.unsqueeze(-1)).squeeze(-1)
     return [float(picked[row, : len(a)].sum()) if len(a) else float("nan") for row, a in enumerate(answers)]
-
-
-def cache_for_device(cache_method: str, model_config: Any, options: Mapping[str, Any],
-                     device: torch.device) -> CompressedCache:
-    """A fresh ``cache_method`` cache; a TurboQuant cache the kernel serves on ``device`` with ``fused_decode=True``
-    unless ``options`` choose the read path themselves (``fused_decode``, or a workspace ``decode_fn`` hook)."""
-    cache = build_cache(cache_method, model_config, **dict(options))
-    chosen = "fused_decode" in options or "decode_fn" in options
-    if chosen or fused_decode_unavailable(cache, device) is not None:
-        return cache
-    return build_cache(cache_method, model_config, **dict(options), fused_decode=True)

@@ -71,8 +71,9 @@ def _unit_rows(vectors: np.ndarray, what: str) -> torch.Tensor:
     return torch.from_numpy((array / norms[:, None]).astype(np.float32))
 
 
-def load_unit_embeddings(cfg: Any) -> UnitEmbeddings:
-    """The configured dataset at this scale's ``n_base`` / ``n_queries``, every row normalised to ‖·‖ = 1."""
+def load_unit_embeddings(cfg: Any, store: Any = None) -> UnitEmbeddings:
+    """The configured dataset at this scale's ``n_base`` / ``n_queries``, every row normalised to ‖·‖ = 1; with a
+    ``store`` (:class:`experiments.io.ResultStore`), its provenance is recorded there."""
     sizes = experiment_sizes(cfg)
     n_base, n_queries = int(sizes.n_base), int(sizes.n_queries)
     if n_base < 1 or n_queries < 1:
@@ -83,7 +84,7 @@ def load_unit_embeddings(cfg: Any) -> UnitEmbeddings:
             f"dataset {data.name!r} returned {data.base.shape[0]} base vectors and {data.queries.shape[0]} "
             f"queries; scale {cfg.scale.name!r} asked for {n_base} and {n_queries}"
         )
-    return UnitEmbeddings(
+    embeddings = UnitEmbeddings(
         base=_unit_rows(data.base, f"{data.name} base vectors"),
         queries=_unit_rows(data.queries, f"{data.name} queries"),
         name=data.name,
@@ -91,6 +92,9 @@ def load_unit_embeddings(cfg: Any) -> UnitEmbeddings:
         substitution=data.substitution,
         source=dict(getattr(data, "source", {}) or {}),
     )
+    if store is not None:
+        store.record_provenance(**embeddings.provenance())
+    return embeddings
 
 
 def make_quantizer(method: str, dim: int, bits: int, rotation: str, seed: int) -> Any:

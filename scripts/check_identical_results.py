@@ -3,6 +3,11 @@
     python scripts/check_identical_results.py                  # base = merge base of HEAD and main
     python scripts/check_identical_results.py --base <commit> --experiments distortion ann_recall
     python scripts/check_identical_results.py --experiments kernels      # the kernel benchmark's checks (CPU)
+    python scripts/check_identical_results.py --experiments needle longbench kv_ablation   # the LLM experiments
+
+The LLM experiments (:data:`LLM_EXPERIMENTS`) run at ``scale=smoke`` on the CPU with a tiny random Llama (6 layers,
+head_dim 64, a byte-level BPE tokenizer) written once by the head commit's ``tests.experiments.llm_fixtures`` and
+loaded by both commits as a local model, 4 new tokens per answer.
 
 Each commit is checked out with ``git worktree add --detach`` into a temporary directory, and every experiment
 runs there through that commit's own ``run.run_experiment`` on tiny random-sphere data (seed 0, the sizes in
@@ -49,13 +54,24 @@ RUNS: dict[str, tuple[list[str], dict]] = {
     # not an embedding experiment and not in the default list: the kernel benchmark's checks (errors against
     # the float64 references) under the CPU interpreter, decode_step left out (minutes there)
     "kernels": (["experiment.smoke=true", "experiment.ops=[quantize,library,prod,scores,decode]"], {}),
+    # the LLM experiments at scale=smoke with the tiny model (TINY_LLAMA is replaced by its folder)
+    "needle": (["scale=smoke", "experiment.generation.max_new_tokens=4"], {"model": "TINY_LLAMA"}),
+    "kv_ablation": (["scale=smoke", "experiment.generation.max_new_tokens=4"], {"model": "TINY_LLAMA"}),
+    "longbench": (["scale=smoke"], {"model": "TINY_LLAMA"}),
 }
 EMBEDDING_EXPERIMENTS = ["distortion", "ip_histogram", "ip_variance", "ann_recall", "ann_indexing_time"]
+LLM_EXPERIMENTS = ["needle", "longbench", "kv_ablation"]
+_TINY_LLAMA = """
+import sys
+from pathlib import Path
+from tests.experiments.llm_fixtures import save_tiny_llama
+print(save_tiny_llama(Path(sys.argv[1]), head_dim=64, num_layers=6))
+"""
 # columns that measure the machine, not the method: times (``*_s``, ``*_us``, also ``build_s_min``), throughputs,
 # thread counts, load, repetitions cut by a time budget (ann_indexing_time's ``repeats_done``); for kernels the
 # ratios computed from times and the command line
 TIMING = re.compile(r"_(s|ms|us)(_(min|max|median|mean))?$|_per_s$|threads$|^load_average$|^repeats_done$"
-                    r"|^(gbps|fraction_of_floor|speedup_vs_baseline|copy_bandwidth_gbps|command)$")
+                    r"|^(seconds|gbps|fraction_of_floor|speedup_vs_baseline|copy_bandwidth_gbps|command)$")
 
 # runs inside a checked-out tree (cwd = tree, sys.path[0] = tree): compose, replace keys, run, print the csv path
 _DRIVER = """
@@ -64,8 +80,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 import run
 experiment, overrides, replace, results = json.loads(sys.argv[1])
+if not any(o.startswith("scale=") for o in overrides):
+    overrides = ["scale=quick", *overrides]
 with initialize_config_dir(config_dir=str(run.REPO_ROOT / "configs"), version_base=None):
-    cfg = compose("config", overrides=[f"experiment={experiment}", "seed=0", "scale=quick",
+    cfg = compose("config", overrides=[f"experiment={experiment}", "seed=0",
                                        f"paths.results_dir={results}", f"paths.figures_dir={results}/figures",
                                        *overrides])
 with open_dict(cfg):
@@ -79,9 +97,25 @@ def git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def run_at(tree: Path, experiment: str, results: Path) -> Path:
+def tiny_model_config(folder: Path) -> dict:
+    """The ``model`` config of the tiny random Llama saved in ``folder``."""
+    return {"name": "tiny", "display_name": "tiny random Llama", "dtype": "float32", "pretrained": str(folder)}
+
+
+def save_tiny_llama(tree: Path, folder: Path) -> Path:
+    """Write the tiny random Llama with ``tree``'s test fixture into ``folder``."""
+    done = subprocess.run([sys.executable, "-c", _TINY_LLAMA, str(folder)], cwd=tree, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tree)})
+    if done.returncode:
+        raise RuntimeError(f"the tiny Llama could not be written:\n{done.stderr[-3000:]}")
+    return folder
+
+
+def run_at(tree: Path, experiment: str, results: Path, tiny_llama: Path | None = None) -> Path:
     """``results.csv`` of ``experiment`` run in the checked-out ``tree``; RuntimeError with its stderr if it fails."""
     overrides, replace = RUNS[experiment]
+    if replace.get("model") == "TINY_LLAMA":
+        replace = {**replace, "model": tiny_model_config(tiny_llama)}
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
            **({"TRITON_INTERPRET": "1"} if experiment == "kernels" else {})}
     done = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps([experiment, overrides, replace, str(results)])],
@@ -135,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for side, commit in commits.items():
                 git("worktree", "add", "--detach", str(trees[side]), commit)
+            tiny_llama = None
+            if set(args.experiments) & set(LLM_EXPERIMENTS):
+                tiny_llama = save_tiny_llama(trees["head"], Path(tmp) / "tiny_llama")
             for experiment in args.experiments:
-                csvs = [run_at(trees[side], experiment, Path(tmp) / f"results-{side}") for side in commits]
+                csvs = [run_at(trees[side], experiment, Path(tmp) / f"results-{side}", tiny_llama) for side in commits]
                 problems = compare(*csvs)
                 kept = [c for c in read_rows(csvs[0])[0] if not TIMING.search(c)]
                 ignored = [c for c in read_rows(csvs[0])[0] if TIMING.search(c)]

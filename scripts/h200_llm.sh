@@ -1,37 +1,53 @@
 #!/usr/bin/env bash
 # The H200 runs of the LLM experiments (results/needle/README.md), one stage per device call:
-#   bash scripts/h200_llm.sh setup            # wheels, the ferried GGUF parts -> one checked file, bf16 conversion
-#   bash scripts/h200_llm.sh needle SECONDS   # Fig. 4 grid (4K-32K x 11 depths), resumable, stops after SECONDS
-#   bash scripts/h200_llm.sh ablation SECONDS # kv_ablation at 16K x 11 depths x 10 seeds, resumable
-#   bash scripts/h200_llm.sh dryrun SECONDS   # Llama-3.1-8B-shaped random model at 104K tokens, per method
-# Results accumulate in /tmp/tq_results (kept while the machine is warm) and are packed into $OUT after each stage.
+#   bash scripts/h200_llm.sh setup                    # wheels; every ferried GGUF -> one sha256-checked file, bf16 conversion
+#   bash scripts/h200_llm.sh needle SECONDS [MODEL]   # Fig. 4 grid (4K-32K x 11 depths; SmolLM2 4K-8K), resumable
+#   bash scripts/h200_llm.sh ablation SECONDS [MODEL] # kv_ablation at 16K x 11 depths x 10 seeds, resumable
+#   bash scripts/h200_llm.sh dryrun SECONDS           # Llama-3.1-8B-shaped random model at 104K tokens, per method
+# MODEL: qwen25_coder_15b (default) | qwen25_coder_05b | smollm2_135m, each ferried as /tmp/model/<prefix>.partNN.
+# Results accumulate in /tmp/tq_results, seeded from the committed stores (so a stage resumes the committed runs), and
+# are packed into $OUT after each stage.
 set -uo pipefail
-stage=${1:?stage}; budget=${2:-540}
+stage=${1:?stage}; budget=${2:-540}; model=${3:-qwen25_coder_15b}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TURBOQUANT_CACHE_DIR=/tmp/tqcache PYTHONPATH=/tmp/site
-GGUF=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
-MODEL="model=qwen25_coder_15b model.packaged_gguf=null +model.pretrained=/tmp/model +model.gguf_file=$GGUF"
+gguf_of() { case $1 in
+  qwen25_coder_15b) echo qwen2.5-coder-1.5b-instruct-q4_k_m.gguf ;;
+  qwen25_coder_05b) echo qwen2.5-coder-0.5b-instruct-q4_k_m.gguf ;;
+  smollm2_135m)     echo SmolLM2-135M-Instruct.Q4_1.gguf ;;
+  *) echo "unknown model $1" >&2; exit 2 ;; esac; }
+prefix_of() { case $1 in qwen25_coder_15b) echo q15 ;; qwen25_coder_05b) echo q05 ;; smollm2_135m) echo s135 ;; esac; }
+GGUF=$(gguf_of "$model") || exit 2
+MODEL="model=$model model.packaged_gguf=null +model.pretrained=/tmp/model +model.gguf_file=$GGUF"
 RESULTS="paths.results_dir=/tmp/tq_results paths.figures_dir=/tmp/tq_results/figures hydra.run.dir=/tmp/tq_hydra/\${now:%H-%M-%S}"
 run() { timeout --signal=INT "$budget" "${PY:-python3}" run.py "$@" $RESULTS 2>&1 | tee -a "$OUT/log_$stage.txt"; }
 pack() { mkdir -p /tmp/tq_results; tar -czf "$OUT/results_$stage.tgz" -C /tmp tq_results; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > "$OUT/gpu.txt"; }
+NEEDLE_METHODS=("~experiment.methods.turboquant_3p5" "~experiment.methods.turboquant_2p5" "~experiment.methods.kivi_2bit"
+  "+experiment.methods.turboquant_4bit_nc.seeds=[0]" "+experiment.methods.turboquant_3p5_prod.seeds=[0]"
+  "+experiment.methods.polarquant.seeds=[0]")
 case $stage in
   setup)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    cat /tmp/model/q15.part* > /tmp/model/$GGUF && rm /tmp/model/q15.part* && sha256sum /tmp/model/$GGUF
-    python3 -c "
-import torch, transformers; from omegaconf import OmegaConf
+    mkdir -p /tmp/tq_results && cp -rn results/needle results/kv_ablation /tmp/tq_results/
+    for m in qwen25_coder_15b qwen25_coder_05b smollm2_135m; do
+      p=$(prefix_of $m); f=$(gguf_of $m)
+      if ls /tmp/model/$p.part* >/dev/null 2>&1; then cat /tmp/model/$p.part* > /tmp/model/$f && rm /tmp/model/$p.part*; fi
+      [ -f /tmp/model/$f ] || continue
+      python3 -c "
+import hashlib, torch, transformers; from omegaconf import OmegaConf
 from experiments.models import load_model, model_spec_from_config
-cfg = OmegaConf.load('configs/model/qwen25_coder_15b.yaml'); cfg.packaged_gguf = None
-cfg.pretrained = '/tmp/model'; cfg.gguf_file = '$GGUF'
-m = load_model(model_spec_from_config(cfg), 'cuda'); print(transformers.__version__, torch.__version__, m.provenance)"
-    ;;
-  needle)   # the paper's rows, the two best-preset candidates, vLLM's 4-bit preset and the baselines
-    run experiment=needle $MODEL scale=gpu '~experiment.methods.turboquant_3p5' '~experiment.methods.turboquant_2p5' \
-      '~experiment.methods.kivi_2bit' '+experiment.methods.turboquant_4bit_nc.seeds=[0]' \
-      '+experiment.methods.turboquant_3p5_prod.seeds=[0]' '+experiment.methods.polarquant.seeds=[0]' ;;
+cfg = OmegaConf.load('configs/model/$m.yaml'); want = cfg.packaged_gguf.sha256
+got = hashlib.sha256(open('/tmp/model/$f', 'rb').read()).hexdigest()
+assert got == want, f'/tmp/model/$f: sha256 {got}, expected {want} (configs/model/$m.yaml)'
+cfg.packaged_gguf = None; cfg.pretrained = '/tmp/model'; cfg.gguf_file = '$f'
+m = load_model(model_spec_from_config(cfg), 'cuda'); print('$m', got[:12], transformers.__version__, torch.__version__, m.provenance)" || exit 1
+    done ;;
+  needle)   # the paper's rows, the best-preset candidates, vLLM's 4-bit preset and the baselines
+    extra=(); [ "$model" = smollm2_135m ] && extra=("experiment.sizes.gpu.contexts=[4000,6000,8000]")  # its 8K window
+    run experiment=needle $MODEL scale=gpu "${NEEDLE_METHODS[@]}" "${extra[@]}" ;;
   ablation)
     run experiment=kv_ablation $MODEL scale=gpu ;;
   dryrun)   # one cell per method at 104K tokens: seconds and GPU memory of model=llama31_8b scale=paper
-    tok=$(ls -d /tmp/tqcache/models/local--*--bfloat16 | head -1)
+    tok=$(ls -d /tmp/tqcache/models/local--qwen2.5-coder-1.5b-*--bfloat16 | head -1)
     run experiment=needle model=llama31_8b_random model.tokenizer="$tok" scale=gpu 'experiment.sizes.gpu.contexts=[104000]' \
       'experiment.sizes.gpu.depths=[0.5]' experiment.sizes.gpu.batch_size=1 'experiment.method_seeds=[0]' \
       '~experiment.methods.turboquant_3p5' '~experiment.methods.turboquant_2p5' '~experiment.methods.kivi_2bit' \

@@ -109,23 +109,82 @@ def layer_errors(model, layers: list[dict[str, torch.Tensor]], method: KVMethod)
     return rows
 
 
+def key_statistics(layers: list[dict[str, torch.Tensor]]) -> pd.DataFrame:
+    """Per layer, the keys' shape that decides a rotation quantizer's error: the mean key norm ||k|| (the error of
+    TurboQuant_mse scales with it, Theorem 1 is for unit vectors) and, over KV heads, the largest ratio of one
+    channel's RMS to the median channel's RMS (the outlier channels a per-channel scale absorbs and a rotation spreads)."""
+    rows = []
+    for index, layer in enumerate(layers):
+        keys = layer["keys"][0].float()                      # (H_kv, n, d)
+        channel_rms = keys.pow(2).mean(dim=1).sqrt()         # (H_kv, d)
+        rows.append({"layer": index, "key_norm": float(keys.norm(dim=-1).mean()),
+                     "channel_peak_ratio": float((channel_rms.max(-1).values / channel_rms.median(-1).values).max())})
+    return pd.DataFrame(rows)
+
+
+MEASURES = ("key_error", "value_error", "logit_error_std", "output_error", "memory_ratio")
+
+
+def write_summary(table: pd.DataFrame, path: Path, title: str) -> None:
+    """Markdown beside the per-layer CSV: each method's means over layers (mean +- SE over seeds), and the
+    per-layer logit-error std (mean over seeds), which shows where in the model the attention logits are perturbed."""
+    per_seed = table.groupby(["method", "seed"], dropna=False)[list(MEASURES)].mean()
+    grouped = per_seed.groupby(level="method", sort=False)
+    mean, se = grouped.mean(), grouped.sem().fillna(0.0)
+    order = list(dict.fromkeys(table["method"]))
+    lines = [f"# {title}", "", "Mean over layers; ± is the standard error over rotation seeds.", "",
+             "| method | seeds | " + " | ".join(MEASURES) + " |", "|---|---|" + "---|" * len(MEASURES)]
+    for method in order:
+        cells = [f"{mean.loc[method, c]:.3f} ± {se.loc[method, c]:.3f}" for c in MEASURES]
+        lines.append(f"| {method} | {grouped.size()[method]} | " + " | ".join(cells) + " |")
+    layers = table.pivot_table(index="layer", columns="method", values="logit_error_std", aggfunc="mean")[order]
+    lines += ["", "Logit-error std per layer (mean over seeds):", "",
+              "| layer | " + " | ".join(order) + " |", "|---|" + "---|" * len(order)]
+    lines += [f"| {layer} | " + " | ".join(f"{v:.3f}" for v in row) + " |" for layer, row in layers.iterrows()]
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2_135m", help="a configs/model/ name")
+    parser.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of the model config (repeatable), e.g. pretrained=/data/q15 "
+                             "gguf_file=q.gguf packaged_gguf=null, as run.py's model.KEY=VALUE")
     parser.add_argument("--methods", default="turboquant_3p5,turboquant_3p5_centered,kivi_3bit,polarquant")
     parser.add_argument("--seeds", default="0,1,2", help="method seeds for methods with random state")
     parser.add_argument("--context", type=int, default=1536)
     parser.add_argument("--depth", type=float, default=0.5)
     parser.add_argument("--queries", type=int, default=64, help="last prompt positions whose attention is measured")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "kv_attention_error.csv")
+    parser.add_argument("--summarize", type=Path, metavar="CSV",
+                        help="only write the markdown summary of a CSV this script wrote (beside it), computing nothing")
+    parser.add_argument("--keys-only", action="store_true",
+                        help="only write the per-layer key statistics (<out>_keys.csv), no cache is run")
+    parser.add_argument("--title", default=None, help="the summary's title (default: model, prompt and queries)")
     args = parser.parse_args(argv)
+    if args.summarize is not None:
+        write_summary(pd.read_csv(args.summarize), args.summarize.with_suffix(".md"),
+                      args.title or f"Attention perturbation per layer ({args.summarize.name})")
+        return 0
 
-    spec = model_spec_from_config(OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"))
+    model_cfg = OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml")
+    for item in args.model_set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--model-set takes KEY=VALUE, got {item!r}")
+        OmegaConf.update(model_cfg, key, None if value == "null" else value, force_add=True)
+    spec = model_spec_from_config(model_cfg)
     loaded = load_model(spec)
     task_cfg = config_to_dict(OmegaConf.load(CONFIGS / "needle_task" / "sf_sandwich.yaml"))
     task = NeedleTask(**task_cfg)
     prompt = PromptBuilder(loaded.tokenizer, load_haystack("paul_graham_essays").text, task).build(args.context, args.depth)
     layers = capture(loaded.model, prompt.input_ids, args.queries)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    keys_path = args.out.with_name(f"{args.out.stem}_keys.csv")
+    key_statistics(layers).to_csv(keys_path, index=False)
+    print(f"per-layer key statistics written to {keys_path}")
+    if args.keys_only:
+        return 0
 
     methods = {name: load_method(name) for name in args.methods.split(",")}
     frames = []
@@ -136,10 +195,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{c} {rows[c].mean():.3f}" for c in ("key_error", "value_error", "logit_error_std", "output_error")),
             flush=True)
     table = pd.concat(frames, ignore_index=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out, index=False)
-    summary = table.groupby(["method", "seed"], dropna=False)[
-        ["key_error", "value_error", "logit_error_std", "output_error", "memory_ratio"]].mean()
+    title = args.title or (f"Attention perturbation per layer: {spec.display_name}, needle prompt of "
+                           f"{prompt.prompt_tokens} tokens at depth {args.depth}, last {args.queries} queries")
+    write_summary(table, args.out.with_suffix(".md"), title)
+    summary = table.groupby(["method", "seed"], dropna=False)[list(MEASURES)].mean()
     print(f"\n{spec.display_name}, needle prompt of {prompt.prompt_tokens} tokens at depth {args.depth}, "
           f"last {args.queries} queries; mean over {len(layers)} layers:\n{summary.round(4).to_string()}")
     print(f"per-layer rows written to {args.out}")

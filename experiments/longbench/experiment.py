@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from experiments.coverage import grid_coverage
 from experiments.io import ResultStore, config_to_dict, experiment_sizes
@@ -159,7 +158,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     store.record_provenance(**_describe(loaded, data))
     count_tokens = _token_counter(loaded.tokenizer)
     all_units: list[dict[str, Any]] = []
-    todo: list[tuple[dict[str, Any], str, LongBenchSample]] = []
+    samples: dict[tuple[Any, ...], LongBenchSample] = {}  # (task, sample_id, context_budget) -> sample
     per_dataset = {ds: load_samples(data, ds, n_samples, context_tokens, seed, count_tokens) for ds in datasets}
     # sample-major order: an interrupted run has covered every dataset about equally
     order = sorted((index, position) for position, ds in enumerate(datasets) for index in range(len(per_dataset[ds])))
@@ -176,12 +175,12 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
                 "max_new_tokens_cap": int(cap) if cap else 0,
             }
             all_units.append(unit)
-            if not store.is_done(unit):
-                todo.append((unit, name, sample))
+            samples[(unit["task"], unit["sample_id"], unit["context_budget"])] = sample
 
-    for unit, name, sample in tqdm(todo, desc="longbench samples", unit="sample"):
+    def compute(unit: dict[str, Any], _) -> list[dict[str, Any]]:
+        sample = samples[(unit["task"], unit["sample_id"], unit["context_budget"])]
         spec = dataset_spec(sample.dataset)
-        method = methods[name]
+        method = methods[unit["method"]]
         input_ids, truncated = build_input_ids(loaded.tokenizer, spec, sample, max_length)
         max_new = min(spec.max_new_tokens, int(cap)) if cap else spec.max_new_tokens
         result = generate(loaded, input_ids, spec, max_new, method.cache, method.options)
@@ -203,9 +202,9 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
             "score": score_sample(sample.dataset, result["prediction"], sample.answers, sample.all_classes),
             **result,
         }
-        store.save_unit(unit, [row])
+        return [row]
 
-    frame = with_current_labels(store.frame(all_units), methods)
+    frame = with_current_labels(store.run_units(all_units, compute, progress="longbench samples"), methods)
     if not frame.empty:
         write_tables(frame, store.directory)
     return frame

@@ -68,13 +68,14 @@ def test_candidate_scores_approximate_the_unit_norm_scores(clustered_data, varia
 def test_layout_reuses_the_packed_stream_and_pairs_coordinates():
     centroids = np.array([-1.5, -0.5, 0.5, 1.5])
     layout = FastScanLayout([FastScanStage(centroids, 2, 1.0)], dim=50)
-    assert (layout.group, layout.n_sub, layout.code_size) == (2, 25, 13)  # 2 coordinates per 4-bit code
+    assert (layout.group, layout.n_sub, layout.code_size) == (2, 25, 13)  # 2 coordinates per 4-bit code, + guard
     # nibble v = code(2m) | code(2m+1) << 2: centroid pair (c[v & 3], c[v >> 2])
     np.testing.assert_array_equal(layout.centroids[0b0111], [1.5, -0.5])
     packed = np.arange(26, dtype=np.uint8).reshape(2, 13)
     assert layout.codes([packed]) is not None and np.array_equal(layout.codes([packed]), packed)
-    queries = layout.queries([np.arange(50, dtype=np.float32)[None]])
-    assert queries.shape == (1, 50) and queries[0, 49] == 49
+    queries, guard = layout.queries([np.arange(50, dtype=np.float32)[None]])
+    assert queries.shape == (1, 52) and queries[0, 49] == 49  # 25 pairs, then the guard's pair
+    assert guard[0] == 0 and not queries[0, 50:].any()  # 25 sub-quantizers cannot overflow: no guard needed
     prod = FastScanLayout([FastScanStage(np.arange(8.0), 3, 1.0), FastScanStage(np.array([-1.0, 1.0]), 1, 0.25)], 4)
     assert (prod.group, prod.sub_dim) == (1, 2)
     np.testing.assert_array_equal(prod.centroids[0b1101], [5.0, 0.25])  # MSE code 5, sign bit 1
@@ -118,3 +119,64 @@ def test_auto_goes_dense_when_reranking_would_cost_more(small_clustered_data):
     forced = TurboQuantIndex(**{**index.config(), "scorer": "fastscan"})
     forced.load_state_arrays(index.state_arrays())
     np.testing.assert_array_equal(index.search(queries, 300)[1], forced.search(queries, 300)[1])
+
+
+@pytest.mark.parametrize(("variant", "bits"), [("mse", 4), ("prod", 4)])
+def test_a_row_far_above_the_rest_is_found_at_large_dim(variant, bits):
+    """faiss sums M 8-bit table entries in 16 bits: at d = 1536 the row holding the best code of every
+    sub-quantizer has an 8-bit sum far above 2¹⁶ and, without the guard sub-quantizer, wraps to a low score."""
+    dim = 1536
+    index = TurboQuantIndex(dim, bits, variant=variant, rotation="hadamard", scorer="fastscan")
+    rng = np.random.default_rng(0)
+    index.add(rng.standard_normal((300, dim)).astype(np.float32))
+    layout = index._fastscan.layout
+    query = rng.standard_normal((1, dim)).astype(np.float32)
+    transformed = index._transform(torch.from_numpy(query))
+    faiss_query, _ = layout.queries(transformed)
+    tables = faiss_query.reshape(layout.faiss_sub, layout.sub_dim) @ layout.centroids.T  # (M, 16) float tables
+    best = tables[: layout.n_sub].argmax(axis=1)  # the nibble of the highest entry of each sub-quantizer
+    # faiss's 8-bit rounding (round_uint8_per_column): the best row's integer sum must fit in 16 bits
+    scale = 255 / np.ptp(tables, axis=1).max()
+    rounded = np.floor((tables - tables.min(axis=1, keepdims=True)) * scale + 0.5)
+    assert rounded[np.arange(layout.n_sub), best].sum() <= 65535 < 255 * layout.n_sub
+    codes = np.zeros((1, layout.code_size), np.uint8)
+    nibbles = np.append(best, layout._guard_code)
+    nibbles = np.append(nibbles, 0) if len(nibbles) % 2 else nibbles
+    codes[0] = nibbles[0::2] | (nibbles[1::2] << 4)
+    shard = index._fastscan._shards[0]
+    shard.merge_from(layout.index(codes))  # row 300 in shard 0 (one shard here, or the row's id is checked below)
+    scores, ids = index._fastscan.search(transformed, 5)
+    position = (shard.ntotal - 1) * len(index._fastscan._shards)
+    assert ids[0, 0] == position
+    np.testing.assert_allclose(scores[0, 0], (tables[: layout.n_sub].max(axis=1)).sum(), rtol=0.02)
+
+
+@pytest.mark.parametrize(("bits", "dim"), [(4, 51), (4, 50), (2, 50), (2, 52)])
+def test_the_guard_code_follows_the_codes_as_nibble_n_sub(bits, dim):
+    """The guard's nibble (the code of its smallest entry: 15 for a descending codebook) is the high half of the
+    last code byte when n_sub is odd and a byte of its own when even; the codes' nibbles are unchanged."""
+    centroids = -np.sort(np.random.default_rng(0).standard_normal(2**bits))  # descending: the guard's minimum is v = 15
+    layout = FastScanLayout([FastScanStage(centroids, bits, 1.0)], dim)
+    assert layout._guard_code == 15 and layout.n_sub == -(-dim * bits // 4)
+    packed = np.random.default_rng(1).integers(0, 256, (5, -(-dim * bits // 8)), dtype=np.uint8)
+    if layout.n_sub % 2:
+        packed[:, -1] &= 15  # pack_codes leaves the half byte after an odd number of nibbles zero
+    codes = layout.codes([packed])
+    nibbles = np.stack([codes & 15, codes >> 4], axis=2).reshape(5, -1)
+    assert codes.shape[1] == layout.code_size == layout.n_sub // 2 + 1
+    assert (nibbles[:, layout.n_sub] == 15).all() and not nibbles[:, layout.n_sub + 1 :].any()
+    packed_nibbles = np.stack([packed & 15, packed >> 4], axis=2).reshape(5, -1)
+    np.testing.assert_array_equal(nibbles[:, : layout.n_sub], packed_nibbles[:, : layout.n_sub])
+
+
+@pytest.mark.parametrize(("variant", "bits"), FASTSCAN_CASES)
+@pytest.mark.parametrize("dim", [51, 50])
+def test_fastscan_answers_at_odd_and_even_sub_quantizer_counts(variant, bits, dim):
+    """The fast path returns the dense scorer's ids whether the guard shares the last code byte or not."""
+    rng = np.random.default_rng(dim)
+    base = rng.standard_normal((700, dim)).astype(np.float32)
+    queries = rng.standard_normal((20, dim)).astype(np.float32)
+    fast, dense = _pair(dim, bits, variant)
+    fast.add(base)
+    dense.add(base)
+    np.testing.assert_array_equal(fast.search(queries, 10)[1], dense.search(queries, 10)[1])

@@ -1,6 +1,7 @@
 """Corrupted, edited and inconsistent index files fail on load with an IndexFileError naming the file."""
 
 import json
+import zipfile
 
 import numpy as np
 import pytest
@@ -51,7 +52,11 @@ def test_random_bytes_and_bit_flips(saved, tmp_path):
     noise.write_bytes(np.random.default_rng(1).bytes(826))
     _raises(noise, "not a readable saved index")
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # inside the stored arrays
+    member = zipfile.ZipFile(path).getinfo("codes.npy")  # flip a byte inside the stored codes themselves
+    names = member.header_offset + 26  # local file header: file name and extra field lengths, then both
+    lengths = (int.from_bytes(data[at : at + 2], "little") for at in (names, names + 2))
+    start = names + 4 + sum(lengths)
+    data[start + member.compress_size // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     _raises(path, "not a readable|checksum")
 

@@ -79,7 +79,7 @@ def test_a_reduced_needle_run_leaves_the_committed_figures_byte_identical(tmp_pa
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a fresh clone: a one-context, one-depth, one-method needle run writes its figure beside the
     committed ones under a "partial" name, and its verdicts are "partial, not judged"."""
-    monkeypatch.setattr(needle, "load_haystack",
+    monkeypatch.setattr(needle.experiment, "load_haystack",
                         lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name}))
     figures = tmp_path / "figures"
     shutil.copytree(REPO / "figures", figures)

@@ -106,7 +106,7 @@ def test_needle_killed_and_resumed(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     from tests.experiments.test_needle import _cfg
 
     model_dir = save_tiny_llama(tmp_path / "model")
-    monkeypatch.setattr(needle, "load_haystack", lambda name: Haystack(
+    monkeypatch.setattr(needle.experiment, "load_haystack", lambda name: Haystack(
         haystack_text(400), {"package": "synthetic", "version": "0", "name": name}))
 
     def make_cfg(root: Path) -> Any:

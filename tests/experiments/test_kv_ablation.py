@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_ablation_rows_table_and_best_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(needle, "load_haystack",
+    monkeypatch.setattr(needle.experiment, "load_haystack",
                         lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name}))
     model_dir = save_tiny_llama(tmp_path / "model")
     seed = "${oc.select:seed,0}"

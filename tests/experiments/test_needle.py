@@ -158,7 +158,7 @@ def _cfg(model_dir: Path, results: Path):
 
 def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        needle, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
+        needle.experiment, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
     )
     cfg = _cfg(tiny_model_dir, tmp_path)
     store = ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS)
@@ -186,7 +186,7 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
     def refuse(*args, **kwargs):
         raise AssertionError("a stored cell was recomputed")
 
-    monkeypatch.setattr(needle, "run_batch", refuse)
+    monkeypatch.setattr(needle.experiment, "run_batch", refuse)
     again = needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
     assert len(again) == len(df)
 
@@ -196,11 +196,11 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
     rows.iloc[1:].to_csv(csv, index=False)
     monkeypatch.undo()
     monkeypatch.setattr(
-        needle, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
+        needle.experiment, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
     )
     calls = []
     original = needle.run_batch
-    monkeypatch.setattr(needle, "run_batch", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(needle.experiment, "run_batch", lambda *a, **k: calls.append(1) or original(*a, **k))
     resumed = needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
     assert len(calls) == 1 and len(resumed) == len(df)
 
@@ -208,7 +208,7 @@ def test_needle_runs_end_to_end_and_resumes(tiny_model_dir: Path, tmp_path: Path
     rows = pd.read_csv(csv, dtype={"config_id": str, "unit_id": str})
     rows.loc[0, "score"] = 0.5 if rows.loc[0, "score"] != 0.5 else 0.25
     rows.to_csv(csv, index=False)
-    monkeypatch.setattr(needle, "run_batch", refuse)
+    monkeypatch.setattr(needle.experiment, "run_batch", refuse)
     rescored = needle.run(cfg, ResultStore(tmp_path, "needle", cfg, result_keys=needle.RESULT_KEYS))
     expected = rescored["answer"].fillna("").map(lambda a: needle_score(a, KEYWORDS))
     assert np.allclose(rescored["score"], expected) and len(rescored) == len(df)
@@ -230,7 +230,7 @@ def test_depths_run_in_batches_with_every_cache_and_score_the_full_answer(
     """batch_size > 1: one generation per (method, seed, context) covers its depths; the rows equal the one-prompt
     runs' answers; every cache of the package accepts a batch; answer_logprob scores the full cache's answer."""
     monkeypatch.setattr(
-        needle, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
+        needle.experiment, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
     )
     methods = {
         "full": {"cache": "full", "options": {}},
@@ -251,7 +251,7 @@ def test_depths_run_in_batches_with_every_cache_and_score_the_full_answer(
         cfg.experiment.sizes.quick = {"contexts": [500], "depths": [0.0, 0.5, 1.0], "batch_size": batch_size}
         cfg.experiment.answer_logprob = True
         calls = []
-        monkeypatch.setattr(needle, "run_batch", lambda *a, **k: calls.append(len(a[1])) or original(*a, **k))
+        monkeypatch.setattr(needle.experiment, "run_batch", lambda *a, **k: calls.append(len(a[1])) or original(*a, **k))
         results[batch_size] = needle.run(cfg, ResultStore(tmp_path / f"b{batch_size}", "needle", cfg,
                                                           result_keys=needle.RESULT_KEYS))
         assert calls == [batch_size] * (len(methods) * 3 // batch_size)
@@ -267,7 +267,7 @@ def test_depths_run_in_batches_with_every_cache_and_score_the_full_answer(
 def test_a_failing_method_does_not_stop_the_others(tiny_model_dir: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        needle, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
+        needle.experiment, "load_haystack", lambda name: Haystack(haystack_text(400), {"package": "synthetic", "version": "0", "name": name})
     )
     cfg = _cfg(tiny_model_dir, tmp_path)
     cfg.experiment.methods.bad = {"name": "bad", "label": "bad", "cache": "turboquant", "options": {"bits": 3.5,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 import run
@@ -32,3 +33,42 @@ def test_store_parses_results_again_only_when_the_file_changes(tmp_path: Path, m
     assert reads.count("results.csv") == 1
     store.save_unit({"bits": 2}, [{"value": 2.0}])
     assert store.is_done({"bits": 2}) and reads.count("results.csv") == 2
+
+
+def test_run_units_computes_only_the_missing_units_and_prepares_once(tmp_path: Path) -> None:
+    config = {"experiment": {"name": "loop"}, "seed": 0}
+    store = ResultStore(tmp_path, "loop", config)
+    units = [{"k": k} for k in range(4)]
+    store.save_unit(units[1], [{"value": 10}])
+    prepared, computed = [], []
+
+    def prepare(missing):
+        prepared.append([u["k"] for u in missing])
+        return 100
+
+    def compute(unit, offset):
+        computed.append(unit["k"])
+        return [{"value": offset + unit["k"]}]
+
+    frame = store.run_units(units, compute, prepare=prepare)
+    assert prepared == [[0, 2, 3]] and computed == [0, 2, 3]
+    assert sorted(frame["value"]) == [10, 100, 102, 103]
+    again = store.run_units(units, compute, prepare=prepare)  # everything stored: nothing prepared or computed
+    assert prepared == [[0, 2, 3]] and computed == [0, 2, 3] and len(again) == 4
+
+
+def test_run_units_in_batches_leaves_a_failed_batch_missing(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path, "batches", {"experiment": {"name": "batches"}, "seed": 0})
+    units = [{"k": k} for k in range(5)]
+    seen = []
+
+    def compute(batch, _):
+        seen.append([u["k"] for u in batch])
+        return None if batch[0]["k"] == 2 else [[{"value": u["k"]}] for u in batch]
+
+    frame = store.run_units(units, compute, batches=lambda missing: [missing[i:i + 2] for i in range(0, len(missing), 2)])
+    assert seen == [[0, 1], [2, 3], [4]]
+    assert sorted(frame["k"]) == [0, 1, 4]
+    assert not store.is_done(units[2]) and not store.is_done(units[3])
+    with pytest.raises(ValueError, match="a batch of 2 units gave rows for 1"):
+        store.run_units(units, lambda batch, _: [[{"value": 0}]], batches=lambda missing: [missing])

@@ -10,32 +10,36 @@ import transformers
 
 from tests.kvcache.tiny_llama import tiny_llama_config
 from turboquant.kvcache import attach, build_cache
-from turboquant.kvcache.eviction import (observation_votes, pyramid_selected_counts, snapkv_select,
-                                         window_queries_of)
+from turboquant.kvcache.eviction import observation_votes, pyramid_selected_counts, snapkv_select
 
 
-def test_window_queries_reproduce_the_models_own_attention_weights():
-    """Scores from the hook's queries and the cached keys equal the eager attention probabilities."""
+def test_window_queries_are_the_models_own(monkeypatch):
+    """The queries the attention function hands SnapKV, with the prefill's keys, give the eager attention
+    probabilities of the model's own forward pass (the window rows)."""
+    from turboquant.kvcache import eviction
+
     torch.manual_seed(0)
     config = tiny_llama_config(attn_implementation="eager")
     model = transformers.LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 256, (1, 80), generator=torch.Generator().manual_seed(2))
     window = 16
     captured = {}
+    original = eviction.snapkv_select
 
-    def hook(module, args, kwargs):
-        captured[module.layer_idx] = window_queries_of(module, kwargs["hidden_states"], kwargs["position_embeddings"], window)
+    def capturing(keys, values, window_queries, keep, window_, kernel_size, pooling):
+        captured[len(captured)] = (window_queries[:, :, -window_:], keys)
+        return original(keys, values, window_queries, keep, window_, kernel_size, pooling)
 
-    handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.model.layers]
-    cache = build_cache("full", config, fp_dtype=torch.float32)
-    with torch.no_grad():
+    monkeypatch.setattr(eviction, "snapkv_select", capturing)
+    cache = build_cache("snapkv", config, budget=40, window_size=window, fp_dtype=torch.float32)
+    with torch.no_grad(), attach(model, cache):
         out = model(ids, cache=cache, output_attentions=True)
-    for handle in handles:
-        handle.remove()
+    assert sorted(captured) == list(range(config.num_hidden_layers))
+    assert [layer.stored_tokens() for layer in cache.layers] == [40] * config.num_hidden_layers
     for layer_idx, attentions in enumerate(out.attentions):
-        keys = cache.layers[layer_idx].keys  # (1, kv_heads, n, d)
+        queries, keys = captured[layer_idx]  # (1, heads, window, d), (1, kv_heads, n, d)
         group = config.num_attention_heads // config.num_key_value_heads
-        logits = captured[layer_idx] @ keys.repeat_interleave(group, dim=1).transpose(2, 3) / math.sqrt(config.head_dim)
+        logits = queries @ keys.repeat_interleave(group, dim=1).transpose(2, 3) / math.sqrt(config.head_dim)
         causal = torch.ones(window, window, dtype=torch.bool).triu(1)
         logits[..., -window:] = logits[..., -window:].masked_fill(causal, float("-inf"))
         torch.testing.assert_close(logits.softmax(-1), attentions[:, :, -window:], rtol=1e-4, atol=1e-6)
@@ -97,3 +101,21 @@ def test_pyramidkv_refuses_eager_attention():
     model = transformers.LlamaForCausalLM(config).eval()
     with pytest.raises(ValueError, match="SDPA"), attach(model, build_cache("pyramidkv", config)):
         pass
+
+
+def test_a_prefill_no_attention_function_read_fails_loudly(tiny_model, tiny_config, prompt_ids):
+    """A model whose attention bypasses the registered function never hands SnapKV its queries: leaving attach
+    says so instead of keeping an empty cache; attach takes only this package's caches and does not nest."""
+    cache = build_cache("snapkv", tiny_config, budget=64)
+    before = tiny_model.config._attn_implementation
+    with pytest.raises(RuntimeError, match="no attention call read the prompt"), torch.no_grad():
+        with attach(tiny_model, cache):
+            tiny_model.set_attn_implementation(before)  # as a model with its own attention dispatch would
+            tiny_model(prompt_ids[:, :100], cache=cache)
+    assert tiny_model.config._attn_implementation == before
+    with pytest.raises(TypeError, match="build_cache"), attach(tiny_model, transformers.DynamicCache()):
+        pass
+    with pytest.raises(RuntimeError, match="do not nest"), attach(tiny_model, build_cache("full", tiny_config)):
+        with attach(tiny_model, build_cache("full", tiny_config)):
+            pass
+    assert tiny_model.config._attn_implementation == before

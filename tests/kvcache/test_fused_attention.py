@@ -13,13 +13,11 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from tests.kvcache.tiny_llama import relative_error
-from turboquant.kvcache import build_cache
-from turboquant.kvcache.fused_attention import (
-    FusedTurboQuantLayer,
-    fused_decode,
-    fused_decode_unsupported,
-)
-from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig
+from turboquant.kvcache import attach, build_cache
+from turboquant.kvcache import fused_attention
+from turboquant.kvcache.attention import CACHE_ATTENTION
+from turboquant.kvcache.fused_attention import fused_decode_unsupported
+from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig, TurboQuantLayer
 
 PROMPT = 70  # tokens prefilled; the kernel then reads them from the packed store
 STEPS = 3
@@ -27,7 +25,7 @@ STEPS = 3
 
 def greedy(model, ids, cache, fused: bool):
     """Prefill ``ids`` then ``STEPS`` greedy decode steps; returns (logits of every decode step, tokens)."""
-    context = fused_decode(model, cache) if fused else torch.no_grad()
+    context = attach(model, cache) if fused else torch.no_grad()
     logits, tokens = [], []
     with torch.no_grad(), context:
         out = model(ids, cache=cache)
@@ -47,24 +45,21 @@ def greedy(model, ids, cache, fused: bool):
     ({"key_variant": "prod"}, 1),                        # TurboQuant_prod keys: 3-bit MSE + QJL sign bits
     ({"bits": 3.5, "key_variant": "prod", "center_keys": True}, 1),  # split + prod + key mean restored
 ])
-def test_fused_matches_workspace_path(tiny_model, prompt_ids, options, batch):
+def test_fused_matches_workspace_path(tiny_model, prompt_ids, options, batch, monkeypatch):
     ids = torch.cat([prompt_ids[:, :PROMPT], prompt_ids[:, 150:150 + PROMPT]])[:batch]
     reference = build_cache("turboquant", tiny_model.config, **options)
     fused = build_cache("turboquant", tiny_model.config, fused_decode=True, **options)
     ref_logits, ref_tokens = greedy(tiny_model, ids, reference, fused=False)
     calls = []
-    original = FusedTurboQuantLayer._packed_attention
+    original = fused_attention.packed_attention
 
-    def counting(self, *args):
-        calls.append(self.layer_idx)
-        return original(self, *args)
+    def counting(*args):
+        calls.append(1)
+        return original(*args)
 
-    FusedTurboQuantLayer._packed_attention = counting
-    try:
-        got_logits, got_tokens = greedy(tiny_model, ids, fused, fused=True)
-    finally:
-        FusedTurboQuantLayer._packed_attention = original
-    quantized_layers = sum(isinstance(layer, FusedTurboQuantLayer) for layer in fused.layers)
+    monkeypatch.setattr(fused_attention, "packed_attention", counting)
+    got_logits, got_tokens = greedy(tiny_model, ids, fused, fused=True)
+    quantized_layers = sum(isinstance(layer, TurboQuantLayer) and layer.read_path == "fused" for layer in fused.layers)
     assert quantized_layers == tiny_model.config.num_hidden_layers - 2 * options.get("boundary_layers", 0)
     assert len(calls) == STEPS * quantized_layers  # every decode step of a quantized layer went through the kernel
     assert torch.equal(got_tokens, ref_tokens)
@@ -75,7 +70,7 @@ def test_fused_matches_workspace_path(tiny_model, prompt_ids, options, batch):
     assert relative_error(got_logits, ref_logits) < tolerance
     assert fused.nbytes() == reference.nbytes() == fused.expected_nbytes()
     assert all(layer.key_stream.workspace is None for layer in fused.layers
-               if isinstance(layer, FusedTurboQuantLayer))  # nothing materialised
+               if isinstance(layer, TurboQuantLayer))  # nothing materialised
 
 
 def test_padded_batch_takes_the_torch_path(tiny_model, prompt_ids):
@@ -86,7 +81,7 @@ def test_padded_batch_takes_the_torch_path(tiny_model, prompt_ids):
     outputs = []
     for cache, fused in ((build_cache("turboquant", tiny_model.config), False),
                          (build_cache("turboquant", tiny_model.config, fused_decode=True), True)):
-        context = fused_decode(tiny_model, cache) if fused else torch.no_grad()
+        context = attach(tiny_model, cache) if fused else torch.no_grad()
         with torch.no_grad(), context:
             tiny_model(ids, attention_mask=mask, cache=cache)
             step_mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], dim=-1)
@@ -115,8 +110,8 @@ def test_unsupported_configurations_name_the_reason(tiny_model):
 def test_attention_implementation_is_restored(tiny_model):
     before = tiny_model.config._attn_implementation
     cache = build_cache("turboquant", tiny_model.config, fused_decode=True)
-    with fused_decode(tiny_model, cache):
-        assert tiny_model.config._attn_implementation == "turboquant_fused"
+    with attach(tiny_model, cache):
+        assert tiny_model.config._attn_implementation == f"{CACHE_ATTENTION}_{before}"
     assert tiny_model.config._attn_implementation == before
 
 
@@ -126,6 +121,6 @@ def test_a_step_no_attention_function_read_fails_loudly(tiny_model, prompt_ids):
     cache = build_cache("turboquant", tiny_model.config, fused_decode=True)
     with torch.no_grad():
         tiny_model(prompt_ids[:, :20], cache=cache)
-        with pytest.raises(RuntimeError, match="never read the packed cache"), fused_decode(tiny_model, cache):
+        with pytest.raises(RuntimeError, match="no attention call read the packed part"), attach(tiny_model, cache):
             tiny_model.set_attn_implementation("sdpa")  # as a model with its own attention dispatch would
             tiny_model(prompt_ids[:, 20:21], cache=cache)

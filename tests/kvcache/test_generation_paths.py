@@ -14,11 +14,9 @@ pytest.importorskip("triton")
 
 from experiments.kv_generation import generate_with_cache
 from experiments.models import LoadedModel, ModelSpec
-from turboquant.kvcache import build_cache
-from turboquant.kvcache.fused_attention import (
-    FusedTurboQuantLayer,
-    fused_decode_unavailable,
-)
+from turboquant.kvcache import build_cache, fused_attention
+from turboquant.kvcache.fused_attention import fused_decode_unsupported
+from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig
 
 NEW_TOKENS = 4
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -47,13 +45,13 @@ def generate(loaded, prompt_ids, method, options):
 def test_fused_path_runs_and_matches_the_workspace_path(loaded, prompt_ids, monkeypatch):
     options = {"key_bits": 4, "value_bits": 3, "residual_length": 16}
     calls = []
-    original = FusedTurboQuantLayer._packed_attention
+    original = fused_attention.packed_attention
 
-    def counting(self, *args):
-        calls.append(self.layer_idx)
-        return original(self, *args)
+    def counting(*args):
+        calls.append(1)
+        return original(*args)
 
-    monkeypatch.setattr(FusedTurboQuantLayer, "_packed_attention", counting)
+    monkeypatch.setattr(fused_attention, "packed_attention", counting)
     implementation = loaded.model.config._attn_implementation
     fused = generate(loaded, prompt_ids, "turboquant", options)
     workspace = generate(loaded, prompt_ids, "turboquant", {**options, "fused_decode": False})
@@ -92,11 +90,18 @@ def test_forcing_the_fused_path_never_falls_back_silently(loaded, prompt_ids):
         build_cache("turboquant", loaded.model.config, bits=4, fused_decode=True, decode_fn=lambda e, f: e.decode(f))
 
 
-def test_reasons_the_fused_path_is_unavailable(tiny_config, monkeypatch):
-    cache = build_cache("turboquant", tiny_config, bits=4)
-    assert fused_decode_unavailable(cache, "cpu") is None  # under the interpreter
-    assert "no TurboQuant layer" in fused_decode_unavailable(build_cache("full", tiny_config), "cpu")
-    assert fused_decode_unavailable(build_cache("turboquant", tiny_config, bits=2.5, key_variant="prod"), "cpu") is None
-    assert "key_bits=5" in fused_decode_unavailable(build_cache("turboquant", tiny_config, bits=5), "cpu")
+def test_reasons_the_fused_path_is_unavailable(monkeypatch):
+    assert fused_decode_unsupported(TurboQuantCacheConfig(), "cpu") is None  # under the interpreter
+    assert fused_decode_unsupported(TurboQuantCacheConfig(key_bits=2, value_bits=2, key_variant="prod", outlier_channels=16),
+                                    "cpu") is None
+    assert "key_bits=5" in fused_decode_unsupported(TurboQuantCacheConfig(key_bits=5, value_bits=5), "cpu")
     monkeypatch.delenv("TRITON_INTERPRET")
-    assert "TRITON_INTERPRET=1" in fused_decode_unavailable(cache, "cpu")
+    assert "TRITON_INTERPRET=1" in fused_decode_unsupported(TurboQuantCacheConfig(), "cpu")
+
+
+def test_auto_takes_the_fused_path_only_where_the_kernel_serves(tiny_config):
+    served = build_cache("turboquant", tiny_config, bits=4, fused_decode="auto")
+    unserved = build_cache("turboquant", tiny_config, bits=6, fused_decode="auto")
+    assert all(layer.fused_decode for layer in served.layers) and not any(layer.fused_decode for layer in unserved.layers)
+    with pytest.raises(ValueError, match="fused_decode must be one of"):
+        build_cache("turboquant", tiny_config, bits=4, fused_decode="yes")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import transformers
 
@@ -20,9 +22,10 @@ def tiny_llama_config(**overrides) -> transformers.LlamaConfig:
 
 def next_token_logits(model, ids: torch.Tensor, cache) -> torch.Tensor:
     """Prefill ``ids[:, :-1]`` into ``cache``, then decode the last token through it (the compressed store)."""
-    from turboquant.kvcache import attach
+    from turboquant.kvcache import CompressedCache, attach
 
-    with torch.no_grad(), attach(model, cache):
+    attached = attach(model, cache) if isinstance(cache, CompressedCache) else contextlib.nullcontext()
+    with torch.no_grad(), attached:
         model(ids[:, :-1], cache=cache)
         return model(ids[:, -1:], cache=cache).logits[0, -1]
 

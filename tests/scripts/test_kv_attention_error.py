@@ -51,3 +51,26 @@ def test_eviction_methods_are_refused(captured) -> None:
     snap = KVMethod("snapkv", "SnapKV", "snapkv", {"budget": 16, "window_size": 8})
     with pytest.raises(Exception):  # noqa: B017 - eviction needs the prefill's query hooks or refuses the length
         kv_attention_error.layer_errors(model, layers, snap)
+
+
+def test_summary_tables_means_over_layers_and_the_per_layer_logit_error(tmp_path) -> None:
+    import pandas as pd
+
+    rows = [{"layer": layer, "method": method, "seed": seed, "key_error": 0.1, "value_error": 0.2,
+             "logit_error_std": (10.0 if layer == 0 else 1.0) * scale + seed, "output_error": 0.3, "memory_ratio": 0.25}
+            for method, scale in (("a", 1.0), ("b", 0.0)) for seed in (0, 2) for layer in range(3)]
+    path = tmp_path / "errors.md"
+    kv_attention_error.write_summary(pd.DataFrame(rows), path, "title")
+    text = path.read_text()
+    # method a: per-seed layer means (12/3 + 0, 12/3 + 2) = (4, 6) -> 5 ± 1; method b: (0, 2) -> 1 ± 1
+    assert "| a | 2 | 0.100 ± 0.000 | 0.200 ± 0.000 | 5.000 ± 1.000 |" in text
+    assert "| b | 2 | 0.100 ± 0.000 | 0.200 ± 0.000 | 1.000 ± 1.000 |" in text
+    assert "| 0 | 11.000 | 1.000 |" in text and "| 2 | 2.000 | 1.000 |" in text
+
+
+def test_key_statistics_find_an_outlier_channel() -> None:
+    keys = torch.ones(1, 2, 10, 8)
+    keys[0, 1, :, 3] = 50.0                       # head 1, channel 3: 50x the median channel
+    stats = kv_attention_error.key_statistics([{"keys": keys}, {"keys": torch.ones(1, 2, 10, 8)}])
+    assert stats.loc[0, "channel_peak_ratio"] == 50.0 and stats.loc[1, "channel_peak_ratio"] == 1.0
+    assert abs(stats.loc[1, "key_norm"] - 8 ** 0.5) < 1e-6

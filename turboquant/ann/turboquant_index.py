@@ -23,10 +23,9 @@ Search paths (``search_path``):
   lookup tables; the candidates are then re-scored with the exact estimator above (norms, per-vector QJL
   weights) and the best k returned. Queries whose candidates cannot rule out a better unseen row (a bound
   from the largest norm and the candidate-score error seen) get more candidates, so the answer is the
-  dense scorer's unless that error estimate is exceeded. It is exceeded on some data: faiss's 8-bit /
-  16-bit fast-scan accumulation at M = 768-1536 sub-quantizers misses rows whose score stands far above
-  the rest (a 384-d subspace lifted to 1536-d: R@1@1 0.58 against the dense scorer's 0.93 for prod,
-  benchmarks/NOTES.md), so it is not the default.
+  dense scorer's unless that error estimate is exceeded. faiss sums 8-bit table entries in 16 bits; a
+  guard sub-quantizer keeps every sum below 2¹⁶ (:mod:`turboquant.ann.fastscan`), without which rows
+  scoring far above the rest wrapped around at M ≳ 260 sub-quantizers (benchmarks/NOTES.md).
 * ``"dense"`` / ``"lut"`` (CPU): every stage scored chunk by chunk with :mod:`turboquant.ann.scoring` —
   decoding a chunk through a byte table and one GEMM with all queries, or per-query byte lookup tables —
   and a running top-k merged across chunks.
@@ -90,6 +89,8 @@ class TurboQuantIndex(VectorIndex):
             the re-rank of many candidates for a large batch would cost more, see ``_fastscan_pays``). ``dense`` and ``lut`` compute the same scores
             (to float32 rounding); ``fastscan`` returns those scores for the rows it re-ranks.
         rerank_factor: the fast-scan path re-ranks ``rerank_factor · k`` candidates per query.
+        fastscan_shards: fast-scan indexes the rows are dealt to (one query's shards are scanned in parallel
+            threads; a batch pays faiss's per-call lookup-table set-up once per shard); None: torch's threads.
         chunk_size: database rows quantized or scored per step (bounds the working memory).
         query_block: queries scored together per step on the dense and device paths.
         backend: the quantizer's backend (``TurboQuantMSE``/``TurboQuantProd`` ``backend``): ``"auto"``
@@ -109,6 +110,7 @@ class TurboQuantIndex(VectorIndex):
         seed: int = 0,
         scorer: str = "dense",
         rerank_factor: int = 4,
+        fastscan_shards: int | None = None,
         chunk_size: int = 16384,
         query_block: int = 1024,
         backend: str = "auto",
@@ -123,11 +125,14 @@ class TurboQuantIndex(VectorIndex):
             raise ValueError("variant='prod' spends 1 bit on QJL and needs bits >= 2")
         if scorer not in SCORERS:
             raise ValueError(f"scorer must be one of {SCORERS}, got {scorer!r}")
-        for name, value in (("chunk_size", chunk_size), ("query_block", query_block), ("rerank_factor", rerank_factor)):
+        shards = torch.get_num_threads() if fastscan_shards is None else fastscan_shards
+        for name, value in (("chunk_size", chunk_size), ("query_block", query_block), ("rerank_factor", rerank_factor),
+                            ("fastscan_shards", shards)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.variant, self.rotation_kind, self.seed = variant, rotation, int(seed)
-        self.scorer, self.rerank_factor = scorer, int(rerank_factor)
+        self.scorer, self.rerank_factor, self.fastscan_shards = scorer, int(rerank_factor), fastscan_shards
+        self._shards = int(shards)
         self.chunk_size, self.query_block = int(chunk_size), int(query_block)
         self.backend = backend
         self.device = torch.device(device if device is not None else "cpu")
@@ -250,7 +255,7 @@ class TurboQuantIndex(VectorIndex):
         layout = FastScanLayout([FastScanStage(stage.decoder.centroids, stage.decoder.bits,
                                                stage.weight_scale * stage.mean_row_weight) for stage in self._stages],
                                 self.dim)
-        return FastScanCodes(layout, shards=max(1, torch.get_num_threads()))
+        return FastScanCodes(layout, shards=self._shards)
 
     def _reset(self) -> None:
         self._blocks: dict[str, list[torch.Tensor]] = {key: [] for key in _array_keys(self.variant)}
@@ -384,8 +389,18 @@ class TurboQuantIndex(VectorIndex):
         return out_scores, out_ids
 
     def _candidate_scores(self, transformed: list[np.ndarray], candidates: np.ndarray) -> np.ndarray:
-        """(m, c) exact unit-norm estimates ⟨q_i, x̃_j⟩ / ‖x_j‖ for the rows ``candidates[i]`` of query i."""
-        arrays = self._host()
+        """(m, c) exact unit-norm estimates ⟨q_i, x̃_j⟩ / ‖x_j‖ for the rows ``candidates[i]`` of query i.
+        A batch of queries is split into one block per fast-scan thread (NumPy's gathers and products release
+        the GIL); a few queries are scored on the calling thread."""
+        arrays, m = self._host(), candidates.shape[0]
+        parts = self._fastscan.threads if m >= _SMALL_BATCH else 1
+        edges = [m * i // parts for i in range(parts + 1)]
+        blocks = [([t[a:b] for t in transformed], candidates[a:b]) for a, b in zip(edges, edges[1:])]
+        return np.concatenate(self._fastscan.map(lambda block: self._candidate_block(arrays, *block), blocks))
+
+    def _candidate_block(
+        self, arrays: dict[str, np.ndarray], transformed: list[np.ndarray], candidates: np.ndarray
+    ) -> np.ndarray:
         total = np.zeros(candidates.shape, np.float32)
         for stage, queries in zip(self._stages, transformed):
             part = candidate_scores(queries, arrays[stage.codes_key], candidates, stage.decoder)
@@ -417,6 +432,7 @@ class TurboQuantIndex(VectorIndex):
             "seed": self.seed,
             "scorer": self.scorer,
             "rerank_factor": self.rerank_factor,
+            "fastscan_shards": self.fastscan_shards,
             "chunk_size": self.chunk_size,
             "query_block": self.query_block,
             "backend": self.backend,

@@ -37,6 +37,8 @@ def check_decoder(decoder: str, centroids: torch.Tensor | None = None) -> None:
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
     if decoder != "table" and centroids is not None and centroids.numel() > 1:
+        if centroids.is_cuda and torch.cuda.is_current_stream_capturing():
+            return  # a CUDA-graph capture cannot read the table back; the eager launch before it has checked it
         table = centroids.detach().to("cpu", torch.float16).flatten()
         if not torch.equal(table, -table.flip(0)) or not bool((table[1:] > table[:-1]).all()):
             raise ValueError(f"decoder {decoder!r} needs a sorted symmetric codebook (c[2^b-1-i] = -c[i], the "

@@ -8,9 +8,10 @@ The same caches as transformers-style classes (``TurboQuantCache(model.config, b
 :mod:`turboquant.kvcache.hf`.
 """
 
+from turboquant.kvcache.attention import attach
 from turboquant.kvcache.base import CompressedCache, CompressedLayer
 from turboquant.kvcache.eviction import EvictionLayer
-from turboquant.kvcache.factory import ModelShape, attach, available_methods, build_cache, register_method
+from turboquant.kvcache.factory import ModelShape, available_methods, build_cache, register_method
 from turboquant.kvcache.full import FullPrecisionLayer
 from turboquant.kvcache.hf import (FullCache, KIVICache, PolarQuantCache, PyramidKVCache, SnapKVCache,
                                    TurboQuantCache)

@@ -34,7 +34,8 @@ closed-form ``nbytes`` formula in its docstring and implements it in ``expected_
 that the measured bytes equal the formula.
 
 Memory over time. The ratio changes as tokens arrive (a 16-bit window fills and is flushed, evicted caches keep
-appending decoded tokens), so the cache samples it after every forward pass (after the last layer's update):
+appending decoded tokens), so the cache samples it after every forward pass (once the last layer has stored its tokens:
+after its update, or after its attention call for a layer that stores only then, see ``write_pending``):
 ``peak_memory_ratio()`` is the largest sample, the memory a budget must hold at, and ``mean_memory_ratio()`` their
 average over forward passes. A memory budget (``memory_ratio=`` of a builder) is enforced at the peak: given the
 prompt length ``context_length`` and ``max_new_tokens``, the builders choose the costliest configuration whose ratio
@@ -60,6 +61,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from turboquant._validation import check_int, check_vectors
 
 REFERENCE_BYTES_PER_VALUE = 2  # the model's 16-bit (fp16 / bf16) cache
+
+#: A transformers attention function: ``(module, query, key, value, attention_mask, **kwargs) -> (output, weights)``.
+AttentionFn = Callable[..., tuple[torch.Tensor, "torch.Tensor | None"]]
 
 
 def peak_ratio_over(ratio_at: Callable[[int | None], float], context_length: int | None,
@@ -180,12 +184,16 @@ class CompressedLayer(CacheLayerMixin):
     is_croppable = False
     is_sliding = False
     model_head_dim: int | None = None  # the model's head_dim (set by build_cache), checked at the first update
+    attached = False  # True inside ``attach(model, cache)``: the model's attention calls reach :meth:`attend`
+    AWAITING = "what"  # names what ``awaiting`` holds, in the error of :meth:`detach`
+    read_path = "workspace"  # how attention reads the store: the tensors update returns ("fused": see turboquant_cache)
 
     def __init__(self, layer_idx: int, fp_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.requested_fp_dtype = fp_dtype
         self.seen_tokens = 0
+        self.awaiting: Any = None  # what update left for this layer's attend call (None: nothing)
 
     # ----------------------------------------------------------------- transformers layer interface
     def check_states(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -260,6 +268,35 @@ class CompressedLayer(CacheLayerMixin):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot select batch rows")
 
+    # ----------------------------------------------------------------- attention (see turboquant.kvcache.attention)
+    def attend(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, attention: AttentionFn,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One call of the model's attention module ``module`` (its ``query``; ``key``/``value`` as :meth:`update`
+        returned them). By default the model's own ``attention`` function answers it; a method overrides this when
+        attention needs more than the returned tensors (the eviction methods' window queries, the fused kernel)."""
+        return attention(module, query, key, value, attention_mask, **kwargs)
+
+    def write_pending(self) -> bool:
+        """True while the tokens of the last :meth:`update` wait for this layer's :meth:`attend` before they are
+        stored (the memory of a forward pass is sampled after that call)."""
+        return False
+
+    def check_attention(self, implementation: str) -> None:
+        """ValueError when this layer cannot work under the model's attention ``implementation`` (``"sdpa"``,
+        ``"eager"``, ...); called by ``attach``."""
+
+    def detach(self) -> str | None:
+        """Leave ``attach``: drop what :meth:`update` left for :meth:`attend` (``awaiting``) if no attention call took
+        it, and say so (None: nothing was left), which means the model's attention did not dispatch through
+        transformers' AttentionInterface."""
+        self.attached = False
+        if self.awaiting is None:
+            return None
+        self.awaiting = None
+        return (f"layer {self.layer_idx}: no attention call read {self.AWAITING} that update left for it; this "
+                "model's attention does not dispatch through transformers' AttentionInterface")
+
     # ----------------------------------------------------------------- what each method implements
     def _initialize(self) -> None:
         """Allocate method state once shapes and dtypes are known (called from ``lazy_initialization``)."""
@@ -323,15 +360,38 @@ class CompressedCache(Cache):
         layer_idx = check_int(layer_idx, f"layer_idx (this cache has {len(self.layers)} layers)", 0,
                               len(self.layers) - 1)
         out = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        if not self.layers[layer_idx].write_pending():
+            self._end_of_layer(layer_idx)
+        return out
+
+    def attend(self, layer_idx: int, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+               value: torch.Tensor, attention_mask: torch.Tensor | None, attention: AttentionFn,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Layer ``layer_idx``'s :meth:`CompressedLayer.attend`; a layer that stored its tokens only there ends
+        the forward pass's layer (and, for the last layer, samples its memory) after it."""
+        layer = self.layers[layer_idx]
+        pending = layer.write_pending()
+        out = layer.attend(module, query, key, value, attention_mask, attention, **kwargs)
+        if pending:
+            self._end_of_layer(layer_idx)
+        return out
+
+    def _end_of_layer(self, layer_idx: int) -> None:
+        """The layer's tokens of this forward pass are stored: after the last layer's, sample the memory ratio."""
         if layer_idx == len(self.layers) - 1:
             self.ratio_samples.append(self.memory_ratio())
-        return out
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         # The causal mask indexes stored key positions; for eviction caches stored < seen.
         if layer_idx >= len(self.layers) or not self.layers[layer_idx].is_initialized:
             return 0
         return self.layers[layer_idx].stored_tokens()
+
+    def attention_path(self) -> str:
+        """``"fused"`` when some layer's decode steps read the packed store through the kernel, else
+        ``"workspace"`` (the model's attention reads the tensors the layers return: a quantizer's decoded workspace,
+        the 16-bit store of the full and eviction caches). Decided per layer at its first update: ask after it."""
+        return "fused" if any(layer.read_path == "fused" for layer in self.layers) else "workspace"
 
     def nbytes(self) -> int:
         """Measured bytes stored by all layers."""

@@ -25,12 +25,12 @@ average of ``C = budget - w`` selected prefix tokens per layer, layer ``l`` of `
 exceeds ``n - w`` it is clamped there and ``min = 2C - max``), rounded so that the total over layers is
 exactly ``L * C`` — the same memory as SnapKV at the same budget.
 
-The window queries. ``transformers`` hands the cache only keys and values, so :func:`capture_window_queries`
-(used by ``factory.attach``) registers a forward *pre*-hook on every attention module: during the prefill it
-recomputes the queries of the last ``w`` tokens from the module's own input with its own ``q_proj`` (and
-``q_norm`` where the model has one) and the RoPE ``(cos, sin)`` the decoder passes to it, i.e. exactly the
-queries the attention is about to use, and hands them to the cache layer, whose ``update`` then scores and
-evicts. No model code is forked; the cost is one ``w``-row query projection per layer.
+The window queries. ``transformers`` hands the cache only keys and values; the queries reach the cache layer
+through the attention function that ``turboquant.kvcache.attach`` installs
+(:mod:`turboquant.kvcache.attention`): at the prefill :meth:`EvictionLayer.update` holds the prompt's keys and
+values back, the model's own attention attends over the whole prompt, and :meth:`EvictionLayer.attend` then
+scores the prompt with the last ``w`` of the very queries that attention used (RoPE and any ``q_norm`` applied
+by the model) and stores the tokens it keeps. No projection is recomputed and no model code forked.
 
 ``budget`` is in tokens per layer (SnapKV's ``max_capacity_prompt``, window included); by default it is
 ``floor(memory_ratio * n)`` with ``memory_ratio = 0.25``, or ``floor(memory_ratio * (n + m)) - m`` when the builder is
@@ -47,9 +47,8 @@ with PyramidKV under eager attention; with SDPA (the default) decoding works for
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -133,10 +132,11 @@ BudgetFn = Callable[[int, int], tuple[int, int]]  # (layer_idx, prompt tokens) -
 class EvictionLayer(FullPrecisionLayer):
     """Keeps the prompt tokens chosen by observation-window votes at the prefill, then appends new tokens.
 
-    Storage and byte accounting are :class:`FullPrecisionLayer`'s: only fewer tokens are written.
+    Storage and byte accounting are :class:`FullPrecisionLayer`'s: only fewer tokens are written. The prompt is
+    stored at the prefill's attention call, where the window's queries are known (module docstring).
     """
 
-    needs_window_queries = True
+    AWAITING = "the prompt's keys and values (never stored)"
 
     def __init__(
         self, layer_idx: int, budget_fn: BudgetFn, kernel_size: int, pooling: str, window_size: int,
@@ -146,82 +146,40 @@ class EvictionLayer(FullPrecisionLayer):
         self.uniform_budget = uniform_budget  # False: layers keep different numbers of tokens (PyramidKV)
         self.budget_fn, self.kernel_size, self.pooling = budget_fn, kernel_size, pooling
         self.window_size = window_size
-        self.window_queries: torch.Tensor | None = None
         self.prompt_tokens = 0
 
     def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        if self.seen_tokens == 0:
-            self.prompt_tokens = key_states.shape[2]
-            key_states, value_states = self._evict_prompt(key_states, value_states)
-        super()._write(key_states, value_states)
-
-    def _evict_prompt(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        keep, window = self.budget_fn(self.layer_idx, keys.shape[2])
-        window_queries, self.window_queries = self.window_queries, None
-        if keep >= keys.shape[2]:
-            return keys, values
-        if window_queries is None or window_queries.shape[2] < window:
+        if self.seen_tokens > 0:
+            super()._write(key_states, value_states)
+            return
+        if not self.attached:
             raise ValueError(
                 f"{type(self).__name__} needs the observation-window queries at the prefill: run the model inside "
                 "`with turboquant.kvcache.attach(model, cache):`"
             )
-        return snapkv_select(keys, values, window_queries, keep, window, self.kernel_size, self.pooling)
+        self.prompt_tokens = key_states.shape[2]
+        self.awaiting = (key_states, value_states)  # the prompt, stored by attend
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat([-second, first], dim=-1)
+    def write_pending(self) -> bool:
+        return self.awaiting is not None
 
+    def attend(self, module, query, key, value, attention_mask, attention, **kwargs):
+        """The model's attention over what ``update`` returned (the whole prompt at the prefill); at the prefill,
+        then, the votes of the last ``window`` queries choose the prompt tokens to store."""
+        out = attention(module, query, key, value, attention_mask, **kwargs)
+        if self.awaiting is not None:
+            (keys, values), self.awaiting = self.awaiting, None
+            keep, window = self.budget_fn(self.layer_idx, keys.shape[2])
+            if keep < keys.shape[2]:
+                keys, values = snapkv_select(keys, values, query, keep, window, self.kernel_size, self.pooling)
+            super()._write(keys, values)
+        return out
 
-def window_queries_of(module: torch.nn.Module, hidden_states: torch.Tensor, position_embeddings, window: int) -> torch.Tensor:
-    """The RoPE-applied queries ``(batch, q_heads, w, d)`` of the last ``window`` tokens, as ``module`` computes them."""
-    batch, tokens, _ = hidden_states.shape
-    window = min(window, tokens)
-    queries = module.q_proj(hidden_states[:, -window:]).view(batch, window, -1, module.head_dim)
-    if getattr(module, "q_norm", None) is not None:
-        queries = module.q_norm(queries)
-    queries = queries.transpose(1, 2)
-    cos, sin = position_embeddings
-    cos, sin = cos[:, -window:].unsqueeze(1), sin[:, -window:].unsqueeze(1)
-    return queries * cos + _rotate_half(queries) * sin
+    def check_attention(self, implementation: str) -> None:
+        if not self.uniform_budget and implementation == "eager":
+            raise ValueError("PyramidKV's per-layer cache lengths need SDPA attention, not eager (masks are shared "
+                             "by layers)")
 
-
-def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    modules = [m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "layer_idx") and hasattr(m, "head_dim")]
-    if not modules:
-        raise ValueError(
-            "found no attention modules with q_proj/layer_idx/head_dim (Llama/Mistral/Qwen layout) to capture "
-            "SnapKV observation-window queries from"
-        )
-    return modules
-
-
-@contextlib.contextmanager
-def capture_window_queries(model: torch.nn.Module, cache: CompressedCache) -> Iterator[None]:
-    """Pre-hooks that hand each eviction layer its window queries during the prefill (removed on exit)."""
-    per_layer = any(not getattr(layer, "uniform_budget", True) for layer in cache.layers)
-    if per_layer and getattr(model.config, "_attn_implementation", "sdpa") == "eager":
-        raise ValueError("PyramidKV's per-layer cache lengths need SDPA attention, not eager (masks are shared by layers)")
-
-    def pre_hook(module, args, kwargs):
-        layer = cache.layers[module.layer_idx]
-        if not getattr(layer, "needs_window_queries", False) or layer.seen_tokens > 0:
-            return
-        hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        if "position_embeddings" not in kwargs:
-            raise ValueError(f"{type(module).__name__} receives no position_embeddings (cos, sin): this model "
-                             "applies RoPE in a way the SnapKV query capture does not support")
-        with torch.no_grad():
-            layer.window_queries = window_queries_of(
-                module, hidden_states, kwargs["position_embeddings"], layer.window_size
-            )
-        return
-
-    handles = [m.register_forward_pre_hook(pre_hook, with_kwargs=True) for m in _attention_modules(model)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _token_budget(prompt_tokens: int, budget: int | None, memory_ratio: float | None,

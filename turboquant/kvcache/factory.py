@@ -10,8 +10,9 @@ Usage (the whole API the experiments need)::
     print(cache.memory_ratio(), cache.bits_per_value(), cache.summary())
 
 Build a new cache for every prompt (a cache holds one conversation, batch size fixed at its first update).
-``attach`` is a no-op for the quantizers and installs the query-capturing hooks the eviction methods
-(SnapKV, PyramidKV) need during the prefill; always using it is safe.
+``attach`` (:mod:`turboquant.kvcache.attention`) routes the model's attention calls to the cache: the eviction
+methods (SnapKV, PyramidKV) read their window queries there and fused TurboQuant layers answer decode steps
+there; the other methods attend exactly as the model does without it, so always using it is safe.
 
 Matched memory: ``build_cache(method, model.config, memory_ratio=0.25, context_length=n)`` works for every
 compressed method. The quantizers pick the costliest configuration whose true ratio (codes, norms, scales,
@@ -24,9 +25,9 @@ Method options (see each module's docstring for the scheme and its byte formula)
 - ``turboquant``: ``bits`` (integer, or ``b + 0.5`` presets), or ``key_bits``/``value_bits``,
   ``key_variant`` (mse|prod), ``outlier_channels``, ``outlier_key_bits``/``outlier_value_bits``, ``value_outliers``,
   ``residual_length``, ``boundary_layers``, ``rotation`` (haar|hadamard), ``seed``, ``center_keys``
-  (quantize keys minus their prefill mean; exact for attention), ``decode_fn``, ``fused_decode`` (decode steps
-  read the packed codes through the Triton kernel inside ``fused_decode(model, cache)``, see
-  :mod:`turboquant.kvcache.fused_attention`);
+  (quantize keys minus their prefill mean; exact for attention), ``decode_fn``, ``fused_decode`` (the read path:
+  ``True`` = decode steps read the packed codes through the Triton kernel, ``"auto"`` = where the kernel serves
+  the configuration, ``False`` = the decoded workspace; see :mod:`turboquant.kvcache.fused_attention`);
 - ``kivi``: ``bits`` (1-8), ``group_size`` (32), ``residual_length`` (128);
 - ``polarquant``: ``level_bits`` ((4, 2, 2, 2)), ``rotation``, ``seed``, ``residual_length`` (0);
 - ``snapkv``: ``budget`` (tokens per layer) or ``memory_ratio`` (0.25), ``window_size`` (32),
@@ -37,9 +38,8 @@ Method options (see each module's docstring for the scheme and its byte formula)
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,16 +110,3 @@ def build_cache(method: str, model_config: Any, **options: Any) -> CompressedCac
     for layer in cache.layers:
         layer.model_head_dim = shape.head_dim
     return cache
-
-
-@contextlib.contextmanager
-def attach(model: torch.nn.Module, cache: CompressedCache) -> Iterator[CompressedCache]:
-    """Install what ``cache`` needs on ``model`` for the duration of the block (hooks are removed after)."""
-    needs_queries = any(getattr(layer, "needs_window_queries", False) for layer in cache.layers)
-    if not needs_queries:
-        yield cache
-        return
-    from turboquant.kvcache.eviction import capture_window_queries
-
-    with capture_window_queries(model, cache):
-        yield cache

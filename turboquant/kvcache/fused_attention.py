@@ -31,65 +31,53 @@ without the outlier channel split of the fractional-bit presets (2.5 / 3.5 bits:
 each with its own rotation, codebook, bit width and norm, in a per-(row, KV head) channel order, which the kernel
 applies to the query and undoes on the output; see :mod:`turboquant.kernels.decode_attention` for the math).
 What remains, named by :func:`fused_decode_unsupported` and served by the workspace path instead: MSE codes wider
-than 4 bits (the kernels implement 1-4; TurboQuant_prod keys store ``bits - 1``-bit codes, so prod runs up to 5).
+than 4 bits (the kernels implement 1-4; TurboQuant_prod keys store ``bits - 1``-bit MSE codes, so prod runs up to 5),
+streams that are not TurboQuant codes, and devices where the Triton kernels do not run.
 
-At run time a decode step also takes the torch path (decode the packed store, then ``sdpa``) when the
-attention mask hides some cached token (left-padded batches: the kernel has no per-token mask) and for a
-multi-token forward over a non-empty cache (chunked prefill); the prefill itself uses ``sdpa``. Without
-Triton on the device (CPU without ``TRITON_INTERPRET=1``), a fused layer keeps the workspace and behaves
-exactly as ``TurboQuantLayer``.
+At run time a decode step also takes the torch path (decode the packed store, then the model's attention) when
+the attention mask hides some cached token (left-padded batches: the kernel has no per-token mask) and for a
+multi-token forward over a non-empty cache (chunked prefill); the prefill itself uses the model's attention.
+Without Triton on the device (CPU without ``TRITON_INTERPRET=1``), a fused layer keeps the workspace and behaves
+exactly as the workspace path.
 
-Usage (the model code is not forked: the attention function is registered with transformers'
-``AttentionInterface`` and the model's ``_attn_implementation`` is switched for the block)::
+This module holds the math of the read path (pure functions over the layer's encoders and fields); the layer is
+:class:`~turboquant.kvcache.turboquant_cache.TurboQuantLayer` built with ``fused_decode=True`` (or ``"auto"``:
+fused where :func:`fused_decode_unsupported` finds no reason against it), and its decode steps reach it through
+the attention function of :func:`turboquant.kvcache.attach`::
 
     cache = build_cache("turboquant", model.config, key_bits=4, value_bits=4, fused_decode=True)
-    with fused_decode(model, cache):
+    with attach(model, cache):
         out = model.generate(**inputs, past_key_values=cache, max_new_tokens=32, do_sample=False)
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 import turboquant as tq
 from turboquant.kernels import triton_available
-from turboquant.kvcache.base import CompressedCache
-from turboquant.kvcache.stream import Fields
-from turboquant.kvcache.turboquant_cache import (
-    TurboQuantCacheConfig,
-    TurboQuantLayer,
-)
+from turboquant.kvcache.stream import Encoder, Fields
 
 if TYPE_CHECKING:  # the kernel module imports Triton: at run time only where a kernel runs
-    from turboquant.kernels.decode_attention import (
-        CacheFormat,
-        ChannelGroup,
-        GroupFields,
-    )
+    from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup, GroupFields
+    from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig
 
-__all__ = [
-    "FUSED_ATTENTION", "FusedTurboQuantLayer", "attention_path", "fused_decode",
-    "fused_decode_unavailable", "fused_decode_unsupported", "register_fused_attention",
-]
+__all__ = ["KERNEL_BITS", "DecodeStep", "cache_format", "decode_step_attention", "fused_decode_unsupported",
+           "hides_tokens"]
 
-#: Name of the attention function in transformers' AttentionInterface / AttentionMaskInterface.
-FUSED_ATTENTION = "turboquant_fused"
 KERNEL_BITS = (1, 2, 3, 4)
 
-_ACTIVE_CACHE: contextvars.ContextVar[CompressedCache | None] = contextvars.ContextVar("turboquant_fused_cache",
-                                                                                        default=None)
 
-
-def fused_decode_unsupported(config: TurboQuantCacheConfig) -> str | None:
-    """None when the decode kernel computes attention for this configuration exactly, else the reason: a stream
-    that is not TurboQuant codes (FP8 keys, uniform values) or an MSE code width above the kernels' 4 bits
-    (TurboQuant_prod keys store ``bits - 1``-bit MSE codes and 1-bit QJL signs)."""
+def fused_decode_unsupported(config: TurboQuantCacheConfig, device: torch.device | str | None = None) -> str | None:
+    """None when the decode kernel computes attention for this configuration exactly (on ``device``, when given),
+    else the reason: no Triton kernel on the device (CUDA, or ``TRITON_INTERPRET=1``), a stream that is not
+    TurboQuant codes (FP8 keys, uniform values) or an MSE code width above the kernels' 4 bits (TurboQuant_prod
+    keys store ``bits - 1``-bit MSE codes and 1-bit QJL signs)."""
+    if device is not None and not triton_available(device):
+        return f"the Triton kernels cannot run on {device} (CUDA with Triton, or TRITON_INTERPRET=1)"
     if config.key_format != "turboquant" or config.value_format != "turboquant":
         return (f"key_format={config.key_format!r}, value_format={config.value_format!r}: the decode kernel reads "
                 "TurboQuant codes only")
@@ -118,111 +106,46 @@ class DecodeStep:
     exact_values: torch.Tensor
 
 
-class FusedTurboQuantLayer(TurboQuantLayer):
-    """A :class:`TurboQuantLayer` whose decode steps are answered by the fused kernel (module docstring).
-
-    Storage and byte accounting are the parent's (the same packed fields, the same formula); there is no
-    decoded workspace when the kernel is available.
-    """
-
-    def __init__(self, layer_idx: int, config: TurboQuantCacheConfig, fp_dtype: torch.dtype | None = None,
-                 keep_workspace: bool = True) -> None:
-        reason = fused_decode_unsupported(config)
-        if reason is not None:
-            raise ValueError(f"fused decode attention cannot serve this TurboQuant configuration: {reason}")
-        super().__init__(layer_idx, config, fp_dtype, keep_workspace=keep_workspace)
-        self.fallback_keep_workspace = keep_workspace  # the torch path's choice, used only without Triton
-        self.fused = False
-        self.defer_attention = False  # set by fused_decode() while the fused attention function is installed
-        self.pending: DecodeStep | None = None
-        self._format: CacheFormat | None = None  # the kernel's constants, built at the first decode step
-
-    def _initialize(self) -> None:
-        self.fused = triton_available(self.device)
-        self.keep_workspace = self.fallback_keep_workspace and not self.fused
-        super()._initialize()
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decode steps under :func:`fused_decode`: write the token, return only the exact part (window + new
-        token) and leave the packed part to the attention function; anything else: the parent's update."""
-        _check_consumed(self)
-        self.check_states(key_states, value_states)
-        deferred = (self.is_initialized and self.fused and self.defer_attention and key_states.shape[-2] == 1
-                    and self.stored_tokens() > 0)
-        if not deferred:
-            return super().update(key_states, value_states, *args, **kwargs)
-        step = DecodeStep(self.key_stream.fields, self.value_stream.fields, self.key_stream.quantized_tokens,
-                          self._exact(self.key_stream.residual, key_states),
-                          self._exact(self.value_stream.residual, value_states))
-        self._write(key_states, value_states)
-        self.seen_tokens += 1
-        self.pending = step
-        return step.exact_keys, step.exact_values
-
-    def _exact(self, residual: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-        if residual is None or residual.shape[-2] == 0:
-            return new
-        return torch.cat([residual.to(new.dtype), new], dim=-2)
-
-    # ------------------------------------------------------------------ attention
-    def decode_step_attention(self, query: torch.Tensor, step: DecodeStep, scale: float) -> torch.Tensor:
-        """Attention output (B, query_heads, d) float32 of the one-token ``query`` (B, query_heads, 1, d)."""
-        q = query[:, :, 0].float()
-        out_e, lse_e = _torch_attention(q, step.exact_keys, step.exact_values, scale)
-        if step.quantized == 0:
-            return out_e
-        out_p, lse_p = self._packed_attention(q, step, scale)
-        top = torch.maximum(lse_p, lse_e)
-        w_p, w_e = torch.exp(lse_p - top), torch.exp(lse_e - top)
-        return (w_p[..., None] * out_p + w_e[..., None] * out_e) / (w_p + w_e)[..., None]
-
-    def _packed_attention(self, q: torch.Tensor, step: DecodeStep, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        from turboquant.kernels import decode_attention_groups_triton
-
-        key_encoder, value_encoder = self.key_stream.encoder, self.value_stream.encoder
-        cache_format = self._cache_format(q.device)
-        seq_lens = torch.full((q.shape[0],), step.quantized, dtype=torch.int32, device=q.device)
-        out, lse = decode_attention_groups_triton(
-            q, _group_fields(step.key_fields, len(key_encoder.quantizers)),
-            _group_fields(step.value_fields, len(value_encoder.quantizers)), seq_lens, cache_format,
-            key_permutation=key_encoder.permutation, value_permutation=value_encoder.permutation, scale=scale,
-            return_lse=True,
-        )
-        if key_encoder.key_mean is not None:  # <q, k~ + mu> = <q, k~> + <q, mu>: shifts lse only
-            group = q.shape[1] // key_encoder.key_mean.shape[1]
-            mean = key_encoder.key_mean.float().repeat_interleave(group, dim=1)
-            lse = lse + scale * (q * mean).sum(-1)
-        return out, lse
-
-    def _cache_format(self, device: torch.device) -> CacheFormat:
-        """The kernel's constants for this layer's quantizers (rotations, codebooks, QJL matrices and the query map
-        derived from them), built once."""
-        if self._format is None:
-            from turboquant.kernels.decode_attention import CacheFormat
-
-            self._format = CacheFormat.build(
-                [_channel_group(quantizer) for quantizer in self.key_stream.encoder.quantizers],
-                [_channel_group(quantizer) for quantizer in self.value_stream.encoder.quantizers], device)
-        return self._format
-
-    def full_past(self, step: DecodeStep) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decoded packed part + exact part (the torch path when the kernel cannot serve a step)."""
-        if step.quantized == 0:
-            return step.exact_keys, step.exact_values
-        keys = self.key_stream.encoder.decode(step.key_fields).to(step.exact_keys.dtype)
-        values = self.value_stream.encoder.decode(step.value_fields).to(step.exact_values.dtype)
-        return torch.cat([keys, step.exact_keys], dim=-2), torch.cat([values, step.exact_values], dim=-2)
+def decode_step_attention(query: torch.Tensor, step: DecodeStep, key_encoder: Encoder, value_encoder: Encoder,
+                          format_: CacheFormat | None, scale: float) -> torch.Tensor:
+    """Attention output (B, query_heads, d) float32 of the one-token ``query`` (B, query_heads, 1, d): the
+    kernel over the packed store and torch over the exact tokens, merged by their log-sum-exp (module doc)."""
+    q = query[:, :, 0].float()
+    out_e, lse_e = _torch_attention(q, step.exact_keys, step.exact_values, scale)
+    if step.quantized == 0:
+        return out_e
+    out_p, lse_p = packed_attention(q, step, key_encoder, value_encoder, format_, scale)
+    top = torch.maximum(lse_p, lse_e)
+    w_p, w_e = torch.exp(lse_p - top), torch.exp(lse_e - top)
+    return (w_p[..., None] * out_p + w_e[..., None] * out_e) / (w_p + w_e)[..., None]
 
 
-def _check_consumed(layer: FusedTurboQuantLayer) -> None:
-    """RuntimeError if a deferred step's packed part was never attended to: the model's attention did not call
-    :func:`fused_attention_forward` (a model that does not dispatch through transformers' AttentionInterface)."""
-    if layer.pending is not None:
-        layer.pending = None
-        raise RuntimeError(f"layer {layer.layer_idx}: the attention function {FUSED_ATTENTION!r} never read the "
-                           "packed cache of the last decode step; this model's attention does not dispatch "
-                           "through transformers' AttentionInterface, so the fused path cannot serve it")
+def packed_attention(q: torch.Tensor, step: DecodeStep, key_encoder: Encoder, value_encoder: Encoder,
+                     format_: CacheFormat, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output (B, H, d) and log-sum-exp (B, H) of ``q`` (B, H, d) over the packed store, in the kernel."""
+    from turboquant.kernels import decode_attention_groups_triton
+
+    seq_lens = torch.full((q.shape[0],), step.quantized, dtype=torch.int32, device=q.device)
+    out, lse = decode_attention_groups_triton(
+        q, _group_fields(step.key_fields, len(key_encoder.quantizers)),
+        _group_fields(step.value_fields, len(value_encoder.quantizers)), seq_lens, format_,
+        key_permutation=key_encoder.permutation, value_permutation=value_encoder.permutation, scale=scale,
+        return_lse=True,
+    )
+    if key_encoder.key_mean is not None:  # <q, k~ + mu> = <q, k~> + <q, mu>: shifts lse only
+        group = q.shape[1] // key_encoder.key_mean.shape[1]
+        mean = key_encoder.key_mean.float().repeat_interleave(group, dim=1)
+        lse = lse + scale * (q * mean).sum(-1)
+    return out, lse
+
+
+def cache_format(key_encoder: Encoder, value_encoder: Encoder, device: torch.device) -> CacheFormat:
+    """The kernel's constants for a layer's quantizers (rotations, codebooks, QJL matrices and the query map
+    derived from them)."""
+    from turboquant.kernels.decode_attention import CacheFormat
+
+    return CacheFormat.build([_channel_group(quantizer) for quantizer in key_encoder.quantizers],
+                             [_channel_group(quantizer) for quantizer in value_encoder.quantizers], device)
 
 
 def _channel_group(quantizer: tq.TurboQuantMSE | tq.TurboQuantProd) -> ChannelGroup:
@@ -261,86 +184,10 @@ def _torch_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return out.reshape(batch, heads, dim), lse.reshape(batch, heads)
 
 
-def _hides_tokens(attention_mask: torch.Tensor | None) -> bool:
+def hides_tokens(attention_mask: torch.Tensor | None) -> bool:
     """True when the mask excludes some key position (bool: False entries; additive float: negative entries)."""
     if attention_mask is None:
         return False
     if attention_mask.dtype == torch.bool:
         return not bool(attention_mask.all())
     return bool((attention_mask < 0).any())
-
-
-def fused_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                            **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers attention function: the fused path for a pending decode step of the active cache's layer
-    ``module.layer_idx``, ``sdpa`` for everything else (prefill, full-precision layers, other caches)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    cache = _ACTIVE_CACHE.get()
-    layer_idx = getattr(module, "layer_idx", None)
-    layer = cache.layers[layer_idx] if cache is not None and layer_idx is not None and layer_idx < len(cache.layers) else None
-    step = getattr(layer, "pending", None)
-    if step is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    layer.pending = None
-    if _hides_tokens(attention_mask):  # padded rows: the kernel has no per-token mask
-        keys, values = layer.full_past(step)
-        return sdpa_attention_forward(module, query, keys, values, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    out = layer.decode_step_attention(query, step, scale)
-    return out.to(query.dtype)[:, None], None  # (B, 1, heads, d), as the model's reshape expects
-
-
-def register_fused_attention() -> None:
-    """Register :func:`fused_attention_forward` (and sdpa's mask builder) under :data:`FUSED_ATTENTION`."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(FUSED_ATTENTION, fused_attention_forward)
-    AttentionMaskInterface.register(FUSED_ATTENTION, sdpa_mask)
-
-
-@contextlib.contextmanager
-def fused_decode(model: torch.nn.Module, cache: CompressedCache) -> Iterator[CompressedCache]:
-    """Within the block, ``model``'s attention reads ``cache``'s fused layers through the kernel (decode steps)."""
-    register_fused_attention()
-    fused_layers = [layer for layer in cache.layers if isinstance(layer, FusedTurboQuantLayer)]
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(FUSED_ATTENTION)
-    token = _ACTIVE_CACHE.set(cache)
-    for layer in fused_layers:
-        layer.defer_attention = True
-    try:
-        yield cache
-        for layer in fused_layers:
-            _check_consumed(layer)
-    finally:
-        for layer in fused_layers:
-            layer.defer_attention = False
-            layer.pending = None
-        _ACTIVE_CACHE.reset(token)
-        model.set_attn_implementation(previous)
-
-
-def fused_decode_unavailable(cache: CompressedCache, device: torch.device | str) -> str | None:
-    """None when ``cache``, rebuilt with ``fused_decode=True``, would answer decode steps on ``device`` through
-    the kernel; otherwise why not: no Triton kernel on the device (CUDA, or ``TRITON_INTERPRET=1``), no
-    TurboQuant layer in the cache (another method), or the configuration's reason from
-    :func:`fused_decode_unsupported`."""
-    if not triton_available(device):
-        return f"the Triton kernels cannot run on {device} (CUDA with Triton, or TRITON_INTERPRET=1)"
-    quantized = [layer for layer in cache.layers if isinstance(layer, TurboQuantLayer)]
-    if not quantized:
-        return f"the {cache.method!r} cache has no TurboQuant layer"
-    return fused_decode_unsupported(quantized[0].config)
-
-
-def attention_path(cache: CompressedCache) -> str:
-    """``"fused"`` when the cache's decode steps read the packed store through the kernel (a fused layer on a
-    device with Triton), ``"workspace"`` when the model's own attention reads the tensors the cache returns
-    (the decoded workspace of a quantizer, the 16-bit store of the full and eviction caches). Decided per
-    layer at its first update, so ask after the prefill."""
-    return "fused" if any(getattr(layer, "fused", False) for layer in cache.layers) else "workspace"

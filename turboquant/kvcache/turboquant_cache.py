@@ -75,13 +75,22 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import turboquant as tq
 from turboquant.kvcache.base import CompressedCache, peak_ratio_over, tensor_nbytes
 from turboquant.kvcache.factory import ModelShape, register_method
+from turboquant.kernels import triton_available
 from turboquant.kvcache.full import FullPrecisionLayer
+from turboquant.kvcache.fused_attention import (
+    DecodeStep,
+    cache_format,
+    decode_step_attention,
+    fused_decode_unsupported,
+    hides_tokens,
+)
 from turboquant.kvcache.kivi import KIVIValueEncoder
 from turboquant.kvcache.stream import (
     Encoder,
@@ -90,6 +99,9 @@ from turboquant.kvcache.stream import (
     StreamLayer,
     quantized_and_residual,
 )
+
+if TYPE_CHECKING:  # the kernel module imports Triton: at run time only where a kernel runs
+    from turboquant.kernels.decode_attention import CacheFormat
 
 KEY_VARIANTS = ("mse", "prod")
 ROTATIONS = ("haar", "hadamard")
@@ -362,17 +374,37 @@ def _stream_encoder(config: TurboQuantCacheConfig, stream: str, head_dim: int, s
 
 
 class TurboQuantLayer(StreamLayer):
-    """One quantized layer; see the module docstring for the scheme and the byte formula."""
+    """One quantized layer; see the module docstring for the scheme and the byte formula.
+
+    The read path is chosen once, at construction: the decoded workspace (``keep_workspace``, ``decode_fn``;
+    the model's attention reads what :meth:`update` returns) or, with ``fused_decode=True``, decode steps read the
+    packed codes through the Triton kernel inside ``attach(model, cache)`` (:mod:`turboquant.kvcache.fused_attention`;
+    no workspace is kept where the kernel runs, decided at the first update by the device).
+    """
+
+    AWAITING = "the packed part of a fused decode step"
 
     def __init__(self, layer_idx: int, config: TurboQuantCacheConfig, fp_dtype: torch.dtype | None = None,
                  keep_workspace: bool = True,
-                 decode_fn: Callable[[Encoder, Fields], torch.Tensor] | None = None) -> None:
+                 decode_fn: Callable[[Encoder, Fields], torch.Tensor] | None = None,
+                 fused_decode: bool = False) -> None:
         super().__init__(layer_idx, fp_dtype)
+        if fused_decode and decode_fn is not None:
+            raise ValueError("decode_fn is the workspace path's decode hook; with fused_decode=True attention reads "
+                             "the packed fields in the kernel, so give one or the other")
+        reason = fused_decode_unsupported(config) if fused_decode else None
+        if reason is not None:
+            raise ValueError(f"fused_decode=True cannot serve this TurboQuant configuration: {reason}")
         self.config, self.keep_workspace, self.decode_fn = config, keep_workspace, decode_fn
+        self.fused_decode = fused_decode
+        self.fused = False  # set at the first update: fused_decode and the kernel runs on the device
+        self._format: CacheFormat | None = None  # the kernel's constants, built at the first fused step
 
     def _initialize(self) -> None:
         config, d = self.config, self.head_dim
         config.check_head_dim(d)
+        self.fused = self.fused_decode and triton_available(self.device)
+        self.keep_workspace = self.keep_workspace and not self.fused
         seed = config.seed + 1000 * self.layer_idx
         streams = {}
         for offset, stream in enumerate(("key", "value")):
@@ -383,11 +415,66 @@ class TurboQuantLayer(StreamLayer):
             )
         self.key_stream, self.value_stream = streams["key"], streams["value"]
 
+    @property
+    def read_path(self) -> str:
+        return "fused" if self.fused else "workspace"
+
     def expected_nbytes(self) -> int:
         if not self.is_initialized:
             return 0
         n_q, n_r = self.key_stream.quantized_tokens, self.key_stream.residual_tokens
         return self.batch_size * self.num_heads * turboquant_nbytes_per_head(self.config, self.head_dim, n_q, n_r)
+
+    # ------------------------------------------------------------------ the fused read path
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fused decode steps inside ``attach``: write the token, return only the exact part (window + new token)
+        and leave the packed part to :meth:`attend`; anything else: the workspace update."""
+        if self.awaiting is not None:
+            raise RuntimeError(self.detach())
+        self.check_states(key_states, value_states)
+        deferred = (self.is_initialized and self.fused and self.attached and key_states.shape[-2] == 1
+                    and self.stored_tokens() > 0)
+        if not deferred:
+            return super().update(key_states, value_states, *args, **kwargs)
+        step = DecodeStep(self.key_stream.fields, self.value_stream.fields, self.key_stream.quantized_tokens,
+                          _exact(self.key_stream.residual, key_states), _exact(self.value_stream.residual, value_states))
+        self._write(key_states, value_states)
+        self.seen_tokens += 1
+        self.awaiting = step
+        return step.exact_keys, step.exact_values
+
+    def attend(self, module, query, key, value, attention_mask, attention, **kwargs):
+        """A pending decode step: the kernel over the packed store merged with the exact part (or, when the mask
+        hides cached tokens, the model's attention over the decoded store); anything else: the model's attention."""
+        step, self.awaiting = self.awaiting, None
+        if step is None:
+            return attention(module, query, key, value, attention_mask, **kwargs)
+        if hides_tokens(attention_mask):  # padded rows: the kernel has no per-token mask
+            keys, values = self._full_past(step)
+            return attention(module, query, keys, values, attention_mask, **kwargs)
+        scaling = kwargs.get("scaling")
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        if self._format is None and step.quantized:
+            self._format = cache_format(self.key_stream.encoder, self.value_stream.encoder, query.device)
+        out = decode_step_attention(query, step, self.key_stream.encoder, self.value_stream.encoder, self._format,
+                                    scale)
+        return out.to(query.dtype)[:, None], None  # (B, 1, heads, d), as the model's reshape expects
+
+    def _full_past(self, step: DecodeStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoded packed part + exact part (the torch path when the kernel cannot serve a step)."""
+        if step.quantized == 0:
+            return step.exact_keys, step.exact_values
+        keys = self.key_stream.encoder.decode(step.key_fields).to(step.exact_keys.dtype)
+        values = self.value_stream.encoder.decode(step.value_fields).to(step.exact_values.dtype)
+        return torch.cat([keys, step.exact_keys], dim=-2), torch.cat([values, step.exact_values], dim=-2)
+
+
+def _exact(residual: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """The 16-bit window followed by the new token (what a fused step attends to exactly)."""
+    if residual is None or residual.shape[-2] == 0:
+        return new
+    return torch.cat([residual.to(new.dtype), new], dim=-2)
 
 
 def turboquant_nbytes_per_head(config: TurboQuantCacheConfig, d: int, n_q: int, n_r: int) -> int:
@@ -426,6 +513,7 @@ def memory_ratio_at(config: TurboQuantCacheConfig, shape: ModelShape, tokens: in
 
 
 PRESET_BITS = tuple(b / 2 for b in range(2, 17))  # 1, 1.5, ..., 8
+FUSED_DECODE_CHOICES = (False, True, "auto")
 
 
 def build_turboquant_cache(
@@ -438,7 +526,7 @@ def build_turboquant_cache(
     fp_dtype: torch.dtype | None = None,
     keep_workspace: bool = True,
     decode_fn: Callable[[Encoder, Fields], torch.Tensor] | None = None,
-    fused_decode: bool = False,
+    fused_decode: bool | str = False,
     **options,
 ) -> CompressedCache:
     """A TurboQuant cache from a preset (``bits=3.5``, ``bits=(3.5, 2.5)`` for keys and values, or one of vLLM's, ``vllm_preset="turboquant_4bit_nc"``), a
@@ -447,22 +535,18 @@ def build_turboquant_cache(
     the steady state without a length) or explicit :class:`TurboQuantCacheConfig` fields (``key_bits=...``), which
     override the preset's.
 
-    ``fused_decode=True`` makes every quantized layer a
-    :class:`~turboquant.kvcache.fused_attention.FusedTurboQuantLayer`: inside
-    ``fused_decode(model, cache)`` its decode steps are answered by the Triton kernel reading the packed codes,
-    and no decoded workspace is kept (a configuration the kernel cannot serve raises ``ValueError`` with the
-    reason from ``fused_decode_unsupported``). It is an option of this method rather than a method of its own
-    (``"turboquant_fused"``) because it changes how attention *reads* the store, not what is stored: the codes,
-    the bytes, the byte formula and the method name in result rows are the same, as for ``keep_workspace`` and
-    ``decode_fn``, the other two read paths (``decode_fn`` is the workspace path's hook and cannot be combined
-    with it)."""
+    ``fused_decode`` chooses the read path of the quantized layers once (:class:`TurboQuantLayer`): ``True``
+    answers decode steps inside ``attach(model, cache)`` by the Triton kernel reading the packed codes, with no
+    decoded workspace (a configuration the kernel cannot serve raises ``ValueError`` with the reason from
+    ``fused_decode_unsupported``); ``"auto"`` does so where the kernel serves the configuration and the workspace
+    elsewhere; ``False`` keeps the workspace. It is an option of this method rather than a method of its own
+    because it changes how attention *reads* the store, not what is stored: the codes, the bytes, the byte
+    formula and the method name in result rows are the same, as for ``keep_workspace`` and ``decode_fn``, the
+    workspace path's options (``decode_fn`` cannot be combined with the fused path)."""
     if sum(x is not None for x in (bits, memory_ratio, vllm_preset)) > 1:
         raise ValueError("give at most one of bits=, memory_ratio= and vllm_preset=")
-    if not isinstance(fused_decode, bool):
-        raise ValueError(f"fused_decode must be a bool, got {fused_decode!r}")
-    if fused_decode and decode_fn is not None:
-        raise ValueError("decode_fn is the workspace path's decode hook; with fused_decode=True attention reads "
-                         "the packed fields in the kernel, so give one or the other")
+    if fused_decode not in FUSED_DECODE_CHOICES or not isinstance(fused_decode, (bool, str)):
+        raise ValueError(f"fused_decode must be one of {FUSED_DECODE_CHOICES}, got {fused_decode!r}")
     unknown = set(options) - {f.name for f in dataclasses.fields(TurboQuantCacheConfig)}
     if unknown:
         raise ValueError(f"unknown TurboQuant options {sorted(unknown)}")
@@ -485,22 +569,11 @@ def build_turboquant_cache(
     config = TurboQuantCacheConfig(**{**preset, **options})
     config.check_head_dim(shape.head_dim)
     full = full_precision_layers(config, shape.num_layers)
-    if fused_decode:
-        # deferred: fused_attention builds on this module (FusedTurboQuantLayer subclasses TurboQuantLayer)
-        from turboquant.kvcache.fused_attention import (
-            FusedTurboQuantLayer,
-            fused_decode_unsupported,
-        )
+    fused = (fused_decode_unsupported(config) is None and decode_fn is None) if fused_decode == "auto" else fused_decode
 
-        reason = fused_decode_unsupported(config)
-        if reason is not None:
-            raise ValueError(f"fused_decode=True cannot serve this TurboQuant configuration: {reason}")
-
-        def quantized_layer(index: int) -> TurboQuantLayer:
-            return FusedTurboQuantLayer(index, config, fp_dtype, keep_workspace=keep_workspace)
-    else:
-        def quantized_layer(index: int) -> TurboQuantLayer:
-            return TurboQuantLayer(index, config, fp_dtype, keep_workspace=keep_workspace, decode_fn=decode_fn)
+    def quantized_layer(index: int) -> TurboQuantLayer:
+        return TurboQuantLayer(index, config, fp_dtype, keep_workspace=keep_workspace, decode_fn=decode_fn,
+                               fused_decode=fused)
     layers = [FullPrecisionLayer(i, fp_dtype) if i in full else quantized_layer(i) for i in range(shape.num_layers)]
     summary = {**dataclasses.asdict(config), "preset_bits": bits, "vllm_preset": vllm_preset,
                "nominal_bits_per_value": nominal_bits_per_value(config, shape.head_dim), "fused_decode": fused_decode}

@@ -1,0 +1,238 @@
+"""CPU search speed, one run: TurboQuant's fast-scan path against faiss IndexPQ, IndexPQFastScan, IndexRaBitQ and an
+fp32 brute-force scan, one query at a time and a batch, at equal bits per coordinate (issue 17).
+
+    python -m benchmarks.bench_ann_search --out figures/ann_search      # 2 idle cores: about 8 minutes (estimate)
+
+For each ``d:bits`` of ``--configs`` (default 200:4 1536:4 1536:2 3072:4), ``--n`` random unit vectors and
+``--queries`` random unit queries (seeded by d). Indexes (``turboquant.ann.make_index``): TurboQuant_mse and
+TurboQuant_prod (randomized Hadamard rotation, ``scorer="fastscan"``; TurboQuant_mse also with its fast-scan rows
+in one faiss index instead of one per thread, ``turboquant_mse_1shard``), ``pq_fastscan`` (M = d·bits/4 sub-quantizers
+of 4 bits), ``pq`` (8-bit sub-quantizers), ``rabitq`` (``nb_bits = bits``, float queries) and ``exact``
+(IndexFlatIP). The faiss indexes are trained on the first ``--train`` base vectors (their search cost does not
+depend on the centroids; their recall is that of a ``--train``-sample codebook).
+
+Timing (``time.perf_counter``, after one warm-up query): the fast indexes (TurboQuant, PQ fast-scan) are timed in
+``--rounds`` interleaved rounds, the fastest round kept, so load spikes of a shared machine hit them alike; the
+slow ones (pq, rabitq, exact) in one round. A round times ``--single`` queries one at a time and all queries in one
+``search`` call; IndexRaBitQ, seconds per query at 100k × 1536 here, is timed on ``--slow-queries`` queries in one
+call and ``--slow-single`` one at a time (stated in its rows). Recall@1@1 and recall@1@k (k = ``--k``) against
+the exact top-1, on the batch's queries.
+
+Writes ``<out>/ann_search.json`` (rows, saved after every config: a rerun skips configs already there, so a
+killed run resumes), ``<out>/ann_search.md`` (the table, where one profiled TurboQuant batch spends its
+time, and the TurboQuant / PQ fast-scan ratios) and
+``<out>/ann_qps_recall.png``/``.pdf`` (queries/s against recall@1@k per config: the ANN benchmarks' plot).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["bench_config", "main", "markdown", "plot"]
+
+_TQ = {"rotation": "hadamard", "scorer": "fastscan"}
+#: row label -> (turboquant.ann method, constructor options); "1 shard": the fast-scan rows in one faiss index
+FAST = {"turboquant_mse": ("turboquant_mse", _TQ),
+        "turboquant_mse_1shard": ("turboquant_mse", {**_TQ, "fastscan_shards": 1}),
+        "turboquant_prod": ("turboquant_prod", _TQ), "pq_fastscan": ("pq_fastscan", {})}
+SLOW = {"pq": ("pq", {}), "rabitq": ("rabitq", {}), "exact": ("exact", {})}
+
+
+def _unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    x = rng.standard_normal((n, dim), dtype=np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _build(
+    method: str, options: dict[str, Any], dim: int, bits: int, base: np.ndarray, train: int
+) -> tuple[Any, float]:
+    """The index filled with ``base`` and its build seconds (train on the first ``train`` rows + add)."""
+    from turboquant.ann import make_index
+
+    index = make_index(method, dim, None if method == "exact" else bits, **options)
+    start = time.perf_counter()
+    if index.requires_training:
+        index.train(base[:train])
+    index.add(base)
+    return index, time.perf_counter() - start
+
+
+def _timed_pass(index: Any, queries: np.ndarray, single: int, k: int) -> tuple[float, float, np.ndarray]:
+    """Seconds per query one at a time (mean over ``single``), seconds of the batch, the batch's ids."""
+    start = time.perf_counter()
+    for i in range(single):
+        index.search(queries[i : i + 1], k)
+    one = (time.perf_counter() - start) / single
+    start = time.perf_counter()
+    _, ids = index.search(queries, k)
+    return one, time.perf_counter() - start, ids
+
+
+#: where a TurboQuant batch search spends its time (cProfile cumulative seconds of these functions)
+PHASES = {"transform": "_transform", "scan": "search", "rerank": "_candidate_scores"}
+
+
+def _phases(index: Any, queries: np.ndarray, k: int) -> dict[str, float]:
+    """Seconds of one profiled batch search of a fast-scan TurboQuant index in its query transform, the faiss
+    scan (``FastScanCodes.search``, all shards) and the exact re-rank, and in all (``batch_profiled_s``)."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    start = time.perf_counter()
+    index.search(queries, k)
+    total = time.perf_counter() - start
+    profile.disable()
+    stats = pstats.Stats(profile).stats  # (file, line, function) -> (calls, _, own s, cumulative s, callers)
+    out = {"batch_profiled_s": total}
+    for phase, function in PHASES.items():
+        wanted = "fastscan.py" if phase == "scan" else "turboquant_index.py"
+        out[f"batch_{phase}_s"] = sum(v[3] for (file, _, name), v in stats.items()
+                                      if name == function and file.endswith(wanted))
+    return out
+
+
+def bench_config(dim: int, bits: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Rows of one (d, bits): build seconds, one-query ms, batch queries/s and recall per index."""
+    from turboquant.ann import recall_at_1_at_k
+
+    rng = np.random.default_rng(dim)
+    base, queries = _unit(rng, args.n, dim), _unit(rng, args.queries, dim)
+    truth = np.argmax(queries @ base.T, axis=1)
+    indexes, rows = {}, {}
+    for method, (name, options) in {**FAST, **SLOW}.items():
+        index, build_s = _build(name, options, dim, bits, base, args.train)
+        index.search(queries[:1], args.k)  # warm-up
+        indexes[method] = index
+        timed = min(args.slow_queries, args.queries) if method == "rabitq" else args.queries
+        single = min(args.slow_single, timed) if method == "rabitq" else args.single
+        rows[method] = {"dim": dim, "bits": bits, "method": method, "n_base": args.n, "build_s": build_s,
+                        "batch": timed, "single_queries": single, "one_query_ms": np.inf,
+                        "batch_s": np.inf, "rounds": 0}
+        print(f"d={dim} bits={bits} {method}: built in {build_s:.2f} s", flush=True)
+    for round_ in range(args.rounds):
+        for method, index in indexes.items():
+            if method in SLOW and round_:
+                continue
+            row = rows[method]
+            one, batch_s, ids = _timed_pass(index, queries[: row["batch"]], row["single_queries"], args.k)
+            recall = recall_at_1_at_k(truth[: row["batch"]], ids, [1, args.k])
+            row.update(one_query_ms=min(row["one_query_ms"], 1e3 * one), batch_s=min(row["batch_s"], batch_s),
+                       rounds=row["rounds"] + 1, recall_at_1=recall[1], recall_at_k=recall[args.k], k=args.k,
+                       load_average=os.getloadavg()[0])
+    for method, row in rows.items():
+        row["batch_queries_per_s"] = row["batch"] / row["batch_s"]
+        if method.startswith("turboquant"):
+            row.update(_phases(indexes[method], queries, args.k))
+    return list(rows.values())
+
+
+def markdown(df: pd.DataFrame, header: dict[str, Any]) -> str:
+    """The rows as a table, then TurboQuant / PQ fast-scan ratios per config (same run)."""
+    lines = [f"# CPU search, {header['n']} random unit vectors ({header['cpu']}, {header['threads']} threads, "
+             f"faiss {header['faiss']}); command: `{header['command']}`", "",
+             "| d | bits | index | build s | one query ms | batch | batch q/s | R@1@1 | R@1@k | rounds | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _, r in df.iterrows():
+        lines.append(f"| {r.dim} | {r.bits} | {r.method} | {r.build_s:.3g} | {r.one_query_ms:.3g} | {r.batch} | "
+                     f"{r.batch_queries_per_s:.4g} | {r.recall_at_1:.3f} | {r.recall_at_k:.3f} | {r.rounds} | "
+                     f"{r.load_average:.2f} |")
+    lines += ["", "TurboQuant batch, one profiled search (cProfile): seconds in the query transform, the faiss scan "
+              "(all shards) and the exact re-rank, beside IndexPQFastScan's fastest batch:", "",
+              "| d | bits | index | profiled s | transform s | scan s | re-rank s | PQFastScan batch s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for _, r in df[df["method"].str.startswith("turboquant")].iterrows():
+        pq = df[(df["dim"] == r.dim) & (df["bits"] == r.bits) & (df["method"] == "pq_fastscan")]["batch_s"]
+        lines.append(f"| {r.dim} | {r.bits} | {r.method} | {r.batch_profiled_s:.3g} | {r.batch_transform_s:.3g} | "
+                     f"{r.batch_scan_s:.3g} | {r.batch_rerank_s:.3g} | {pq.iloc[0] if len(pq) else float('nan'):.3g} |")
+    lines += ["", "TurboQuant / IndexPQFastScan (> 1: TurboQuant faster), same run:", ""]
+    for (dim, bits), part in df.groupby(["dim", "bits"]):
+        by = part.set_index("method")
+        for method in ("turboquant_mse", "turboquant_mse_1shard", "turboquant_prod"):
+            if method in by.index and "pq_fastscan" in by.index:
+                tq, pq = by.loc[method], by.loc["pq_fastscan"]
+                lines.append(f"- d={dim}, {bits} bits, {method}: one query {pq.one_query_ms / tq.one_query_ms:.2f}x, "
+                             f"batch of {int(tq.batch)} {tq.batch_queries_per_s / pq.batch_queries_per_s:.2f}x")
+    return "\n".join(lines) + "\n"
+
+
+def plot(df: pd.DataFrame, out: Path) -> list[Path]:
+    """Queries/s (log) against recall@1@k, one panel per (d, bits): filled = batch, open = one query at a time."""
+    import matplotlib.pyplot as plt
+
+    from experiments.plotting import figure_style, save_figure
+
+    configs = sorted(df.groupby(["dim", "bits"]).groups)
+    methods = list(dict.fromkeys(df["method"]))
+    colors = dict(zip(methods, plt.get_cmap("tab10").colors))
+    with figure_style():
+        fig, axes = plt.subplots(1, len(configs), figsize=(3.6 * len(configs) + 2.4, 3.6), squeeze=False)
+        for ax, (dim, bits) in zip(axes[0], configs):
+            part = df[(df["dim"] == dim) & (df["bits"] == bits)]
+            for _, r in part.iterrows():
+                ax.scatter(r.recall_at_k, r.batch_queries_per_s, marker="o", color=colors[r.method])
+                ax.scatter(r.recall_at_k, 1e3 / r.one_query_ms, marker="^", facecolors="none", color=colors[r.method])
+            ax.set_yscale("log")
+            ax.set_xlabel(f"recall@1@{int(part['k'].iloc[0])}")
+            ax.set_ylabel("queries / s")
+            ax.set_title(f"d={dim}, {bits} bits, n={int(part['n_base'].iloc[0])}", fontsize=8)
+        handles = [plt.Line2D([], [], ls="", marker="s", color=colors[m], label=m) for m in methods]
+        handles += [plt.Line2D([], [], ls="", marker="o", color="k", label="batch"),
+                    plt.Line2D([], [], ls="", marker="^", color="k", markerfacecolor="none", label="one query")]
+        axes[0][-1].legend(handles=handles, fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
+        fig.suptitle("CPU search throughput vs recall, one run (benchmarks/bench_ann_search.py)", fontsize=8)
+        fig.tight_layout()
+        return save_figure(fig, out, "ann_qps_recall")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", nargs="+", default=["200:4", "1536:4", "1536:2", "3072:4"], help="d:bits")
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=200, help="the batch")
+    parser.add_argument("--single", type=int, default=10, help="queries timed one at a time")
+    parser.add_argument("--slow-queries", type=int, default=5, help="IndexRaBitQ's batch")
+    parser.add_argument("--slow-single", type=int, default=2, help="IndexRaBitQ's queries one at a time")
+    parser.add_argument("--train", type=int, default=10_000, help="faiss training sample")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the fast indexes")
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("figures/ann_search"))
+    args = parser.parse_args(argv)
+    import faiss
+
+    from experiments.ann_recall import set_threads
+
+    set_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "ann_search.json"
+    header = {"n": args.n, "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+              "threads": args.threads, "faiss": faiss.__version__,
+              "command": "python -m benchmarks.bench_ann_search " + " ".join(sys.argv[1:] if argv is None else argv)}
+    saved = json.loads(path.read_text()) if path.exists() else {"header": header, "rows": []}
+    for config in args.configs:
+        dim, bits = (int(part) for part in config.split(":"))
+        if any(r["dim"] == dim and r["bits"] == bits and r["n_base"] == args.n for r in saved["rows"]):
+            print(f"d={dim} bits={bits}: in {path}, skipped", flush=True)
+            continue
+        saved["rows"] += bench_config(dim, bits, args)
+        path.write_text(json.dumps(saved, indent=1))
+    df = pd.DataFrame(saved["rows"])
+    (args.out / "ann_search.md").write_text(markdown(df, saved["header"]))
+    plot(df, args.out)
+    print((args.out / "ann_search.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
