@@ -3,7 +3,7 @@
     python run.py experiment=kernels                           # one CUDA GPU (an H200: see benchmarks/NOTES.md)
     python run.py experiment=kernels scale=paper               # the issue's largest sizes too (128K context)
     python run.py experiment=kernels 'experiment.ops=[decode_step]'
-    python run.py experiment=kernels experiment.variant_set=session5   # a named set of ops, sizes and variants
+    python run.py experiment=kernels +kernels_set=session5   # a named set of ops, sizes and variants (configs/kernels_set)
     TRITON_INTERPRET=1 python run.py experiment=kernels experiment.smoke=true   # CPU: checks the code path only
 
 Each op of ``experiment.ops`` (``benchmarks.suite.OPS``: quantize, library, prod, scores, decode, decode_step) is
@@ -43,19 +43,16 @@ def require_kernel_device(cfg: Any) -> torch.device:
 
 
 def apply_variant_set(cfg: Any) -> None:
-    """With ``experiment.variant_set`` set, replace ``experiment.ops``, ``sizes`` and ``variants`` by that entry of
-    ``experiment.variant_sets`` (whole blocks, not merged); ValueError naming the sets for an unknown one."""
-    name = cfg.experiment.get("variant_set")
-    if not name:
+    """With a ``kernels_set`` group chosen (``+kernels_set=<name>``, ``configs/kernels_set/``), replace
+    ``experiment.ops``, ``sizes`` and ``variants`` by its blocks (whole, not merged)."""
+    chosen = cfg.get("kernels_set")
+    if not chosen:
         return
-    sets = cfg.experiment.get("variant_sets") or {}
-    if name not in sets:
-        raise ValueError(f"experiment.variant_set={name!r} is not one of {sorted(sets)}")
     from omegaconf import open_dict
 
     with open_dict(cfg.experiment):
         for key in ("ops", "sizes", "variants"):
-            cfg.experiment[key] = sets[name][key]
+            cfg.experiment[key] = chosen[key]
 
 
 def _sizes(cfg: Any) -> Any:

@@ -57,9 +57,9 @@ def test_smoke_run_records_command_and_device_and_resumes(tmp_path):
 
 
 def test_variant_set_replaces_ops_sizes_and_variants(tmp_path):
-    """experiment.variant_set=session5 runs that set's blocks whole (not merged with the session-4 sweep), and every
+    """+kernels_set=session5 runs that set's blocks whole (not merged with the session-4 sweep), and every
     variant names only keyword arguments the kernels take."""
-    cfg = _config(tmp_path, ["experiment.variant_set=session5"])
+    cfg = _config(tmp_path, ["+kernels_set=session5"])
     kernels.apply_variant_set(cfg)
     assert list(cfg.experiment.ops) == ["decode", "scores", "quantize", "prod"]
     assert list(cfg.experiment.variants.quantize) == ["cell table (session 4 default)", "midpoint tree",
@@ -73,5 +73,6 @@ def test_variant_set_replaces_ops_sizes_and_variants(tmp_path):
             assert set(variant) <= {"graph", "decoder", "inner", "block_n", "split_factor", "nearest", "lookup",
                                     "num_stages"}, (op, dict(variant))
             assert variant.get("decoder", "table") in DECODERS and variant.get("inner", "dot") in ("dot", "fma")
-    with pytest.raises(ValueError, match="not one of"):
-        kernels.apply_variant_set(_config(tmp_path, ["experiment.variant_set=session9"]))
+    plain = _config(tmp_path)
+    kernels.apply_variant_set(plain)  # no set chosen: the experiment's own blocks
+    assert "no-lookup (diagnostic: no nearest-centroid step)" in plain.experiment.variants.quantize
