@@ -193,7 +193,15 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; expected some of {sorted(METHODS)}")
-    units = [{"rotation": str(r), "bits": int(b), "quantizer_seed": int(s), "methods": ",".join(methods)}
+    equal_bits = {"rabitq", *MATCHED}
+    rabitq_rotations = [str(r) for r in exp.rabitq_rotations]
+    if not set(rabitq_rotations) <= {str(r) for r in exp.rotations}:
+        raise ValueError(f"rabitq_rotations {rabitq_rotations} must be among the rotations {list(exp.rotations)}")
+
+    def measured(rotation: str) -> list[str]:
+        return [m for m in methods if rotation in rabitq_rotations or m not in equal_bits]
+
+    units = [{"rotation": str(r), "bits": int(b), "quantizer_seed": int(s), "methods": ",".join(measured(str(r)))}
              for r in exp.rotations for b in exp.bits for s in exp.seeds]
     todo = [unit for unit in units if not store.is_done(unit)]
     if todo:
@@ -201,7 +209,8 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         data = load_unit_embeddings(cfg)
         store.record_provenance(**data.provenance())
         for unit in tqdm(todo, desc=f"quantizer disputes ({data.name}, d={data.dim})", unit="unit"):
-            store.save_unit(unit, measure(unit["rotation"], unit["bits"], unit["quantizer_seed"], data, methods,
+            store.save_unit(unit, measure(unit["rotation"], unit["bits"], unit["quantizer_seed"], data,
+                                          unit["methods"].split(","),
                                           [int(k) for k in exp.recall_k]))
     return store.frame(units)
 
