@@ -109,3 +109,28 @@ def test_the_comparison_reads_the_needle_rotation_row_from_needle_runs() -> None
     assert names == ["experiments.needle.paper_comparison", "experiments.quantizer_disputes:needle_rotation_comparison"]
     with pytest.raises(ValueError, match="is not a module:function"):
         _producers("needle", ["experiments.quantizer_disputes:no_such_function"])
+
+
+def disputes_config(tmp_path, *overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from experiments.coverage import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="config", overrides=["experiment=quantizer_disputes", "scale=smoke",
+                                                        "experiment.bits=[2]", "experiment.seeds=[0,1]",
+                                                        f"paths.results_dir={tmp_path}", *overrides])
+
+
+def test_run_measures_rabitq_and_the_matched_methods_under_the_rabitq_rotations_only(tmp_path, monkeypatch) -> None:
+    from experiments.io import ResultStore
+
+    monkeypatch.setattr(qd, "load_unit_embeddings", lambda cfg: DATA)
+    cfg = disputes_config(tmp_path)
+    df = qd.run(cfg, ResultStore(tmp_path, "quantizer_disputes", cfg, qd.RESULT_KEYS))
+    methods = df.groupby("rotation")["method"].agg(set)
+    assert methods["haar"] == set(qd.METHODS) and methods["hadamard"] == {"mse", "eden_unbiased", "eden_mse", "prod"}
+    assert df.groupby(["method", "rotation"]).size().eq(2).all()  # one row per method and seed
+    bad = disputes_config(tmp_path, "experiment.rabitq_rotations=[haar,qr]")
+    with pytest.raises(ValueError, match="rabitq_rotations"):
+        qd.run(bad, ResultStore(tmp_path, "quantizer_disputes", bad, qd.RESULT_KEYS))
