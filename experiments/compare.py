@@ -5,7 +5,8 @@ figure / table, with tolerances and their reasons) and ``results/<dir>/results.c
 record (``runs/<config_id>.json``, or ``config.json`` for a directory copied from another machine, such as
 ``results/kernels/``). Nothing is recomputed: each experiment module's ``paper_comparison(df)`` turns a
 run's rows into ``{"id", "value", "detail"}`` items (optionally ``"se"``, the standard error of the value,
-and ``"substitute"``, what stands in for the paper's setting); an experiment's ``comparisons`` in the
+``"substitute"``, what stands in for the paper's setting, and ``"rank"``, 1 for a stand-in measurement that any
+rank-0 value of another run outranks, e.g. TurboQuant timed on a CPU for the paper's GPU time); an experiment's ``comparisons`` in the
 paper-numbers file name further ``module:function`` s of the same kind that read its rows (a dispute measured
 on another experiment's runs, e.g. the rotation on needle scores).
 
@@ -296,6 +297,7 @@ class Reproduced:
     se: float | None = None
     substitute: str = ""
     partial: str = ""  # the reductions of the run this value depends on ("" when it covers the grid)
+    rank: int = 0  # 1: a stand-in setting (e.g. a CPU time for the paper's GPU time); any rank-0 value comes first
 
 
 @dataclass(frozen=True)
@@ -388,16 +390,17 @@ def _reproduced_values(run: ExperimentRun, known_ids: set[str], cell_keys: Seque
         out.append((str(item["id"]), Reproduced(
             value=float(item["value"]), run=run, detail=str(item.get("detail", "")),
             se=None if se is None or not math.isfinite(float(se)) else float(se),
-            substitute=str(item.get("substitute") or substitution), partial=partial,
+            substitute=str(item.get("substitute") or substitution), partial=partial, rank=int(item.get("rank", 0)),
         )))
     return out
 
 
 def _best_evidence_first(values: Sequence[Reproduced]) -> tuple[Reproduced, ...]:
-    """Full runs first, then the most recently updated, then by run label (stable sorts, last key first)."""
+    """Full runs first, then rank-0 values, then the most recently updated, then by run label (stable sorts,
+    last key first)."""
     ordered = sorted(values, key=lambda r: r.run.label)
     ordered = sorted(ordered, key=lambda r: r.run.updated, reverse=True)
-    return tuple(sorted(ordered, key=lambda r: bool(r.partial)))
+    return tuple(sorted(ordered, key=lambda r: (bool(r.partial), r.rank)))
 
 
 def compare(numbers: PaperNumbers, runs: Sequence[ExperimentRun]) -> list[Comparison]:
