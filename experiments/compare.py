@@ -5,7 +5,10 @@ figure / table, with tolerances and their reasons) and ``results/<dir>/results.c
 record (``runs/<config_id>.json``, or ``config.json`` for a directory copied from another machine, such as
 ``results/kernels/``). Nothing is recomputed: each experiment module's ``paper_comparison(df)`` turns a
 run's rows into ``{"id", "value", "detail"}`` items (optionally ``"se"``, the standard error of the value,
-and ``"substitute"``, what stands in for the paper's setting).
+``"substitute"``, what stands in for the paper's setting, and ``"rank"``, 1 for a stand-in measurement that any
+rank-0 value of another run outranks, e.g. TurboQuant timed on a CPU for the paper's GPU time); an experiment's ``comparisons`` in the
+paper-numbers file name further ``module:function`` s of the same kind that read its rows (a dispute measured
+on another experiment's runs, e.g. the rotation on needle scores).
 
 Verdict of one reproduced value against the paper's, in this order:
 
@@ -136,6 +139,7 @@ class PaperNumbers:
     numbers: tuple[PaperNumber, ...]
     cell_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     missing: Mapping[str, str] = field(default_factory=dict)
+    comparisons: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # extra "module:function" producers
 
     def __iter__(self) -> Iterator[PaperNumber]:
         return iter(self.numbers)
@@ -211,6 +215,7 @@ def load_paper_numbers(path: str | Path = PAPER_NUMBERS) -> PaperNumbers:
         tables=tuple(tables), numbers=tuple(numbers),
         cell_keys={name: tuple(spec.get("cell_keys", ())) for name, spec in experiments.items()},
         missing={name: str(spec["missing"]) for name, spec in experiments.items() if "missing" in spec},
+        comparisons={name: tuple(str(c) for c in spec.get("comparisons", ())) for name, spec in experiments.items()},
     )
 
 
@@ -292,6 +297,7 @@ class Reproduced:
     se: float | None = None
     substitute: str = ""
     partial: str = ""  # the reductions of the run this value depends on ("" when it covers the grid)
+    rank: int = 0  # 1: a stand-in setting (e.g. a CPU time for the paper's GPU time); any rank-0 value comes first
 
 
 @dataclass(frozen=True)
@@ -345,39 +351,56 @@ def _partial(run: ExperimentRun, cell_keys: Sequence[str]) -> str:
     return "; ".join(map(str, relevant))
 
 
-def _reproduced_values(run: ExperimentRun, known_ids: set[str], cell_keys: Sequence[str]) -> list[tuple[str, Reproduced]]:
+def _producers(experiment: str, extra: Sequence[str]) -> list[tuple[str, Any]]:
+    """``(name, function)`` of each producer of an experiment's verdict items: ``experiments.<experiment>``'s
+    ``paper_comparison`` (when the module has one) and each ``module:function`` in ``extra``."""
+    producers = []
     try:
-        module = importlib.import_module(f"experiments.{run.experiment}")
+        module = importlib.import_module(f"experiments.{experiment}")
     except ModuleNotFoundError as err:
-        if err.name == f"experiments.{run.experiment}":
-            return []
-        raise
-    produce = getattr(module, "paper_comparison", None)
-    if produce is None:
+        if err.name != f"experiments.{experiment}":
+            raise
+    else:
+        if hasattr(module, "paper_comparison"):
+            producers.append((f"experiments.{experiment}.paper_comparison", module.paper_comparison))
+    for spec in extra:
+        module_name, _, function = spec.partition(":")
+        produce = getattr(importlib.import_module(module_name), function, None) if function else None
+        if not callable(produce):
+            raise ValueError(f"comparisons of experiment {experiment!r}: {spec!r} is not a module:function")
+        producers.append((spec, produce))
+    return producers
+
+
+def _reproduced_values(run: ExperimentRun, known_ids: set[str], cell_keys: Sequence[str],
+                       extra: Sequence[str] = ()) -> list[tuple[str, Reproduced]]:
+    producers = _producers(run.experiment, extra)
+    if not producers:
         return []
     partial = _partial(run, cell_keys)
     substitution = str(run.provenance.get("substitution") or "")
     out = []
-    for item in produce(run.frame):
+    items = [(name, item) for name, produce in producers for item in produce(run.frame)]
+    for name, item in items:
         if "id" not in item or "value" not in item:
-            raise ValueError(f"experiments.{run.experiment}.paper_comparison returned {item!r}: needs id and value")
+            raise ValueError(f"{name} returned {item!r}: needs id and value")
         if item["id"] not in known_ids:
-            raise ValueError(f"experiments.{run.experiment}.paper_comparison returned id {item['id']!r}, "
-                             "which is not in the paper-numbers file")
+            raise ValueError(f"{name} returned id {item['id']!r}, which is not in the paper-numbers file")
         se = item.get("se")
         out.append((str(item["id"]), Reproduced(
             value=float(item["value"]), run=run, detail=str(item.get("detail", "")),
             se=None if se is None or not math.isfinite(float(se)) else float(se),
-            substitute=str(item.get("substitute") or substitution), partial=partial,
+            substitute=str(item.get("substitute") or substitution), partial=partial, rank=int(item.get("rank", 0)),
         )))
     return out
 
 
 def _best_evidence_first(values: Sequence[Reproduced]) -> tuple[Reproduced, ...]:
-    """Full runs first, then the most recently updated, then by run label (stable sorts, last key first)."""
+    """Full runs first, then rank-0 values, then the most recently updated, then by run label (stable sorts,
+    last key first)."""
     ordered = sorted(values, key=lambda r: r.run.label)
     ordered = sorted(ordered, key=lambda r: r.run.updated, reverse=True)
-    return tuple(sorted(ordered, key=lambda r: bool(r.partial)))
+    return tuple(sorted(ordered, key=lambda r: (bool(r.partial), r.rank)))
 
 
 def compare(numbers: PaperNumbers, runs: Sequence[ExperimentRun]) -> list[Comparison]:
@@ -385,7 +408,8 @@ def compare(numbers: PaperNumbers, runs: Sequence[ExperimentRun]) -> list[Compar
     known = {n.id for n in numbers.numbers}
     found: dict[str, list[Reproduced]] = {}
     for run in runs:
-        for key, reproduced in _reproduced_values(run, known, numbers.cell_keys.get(run.experiment, ())):
+        for key, reproduced in _reproduced_values(run, known, numbers.cell_keys.get(run.experiment, ()),
+                                                  numbers.comparisons.get(run.experiment, ())):
             found.setdefault(key, []).append(reproduced)
     ran = {run.experiment for run in runs}
     comparisons = []

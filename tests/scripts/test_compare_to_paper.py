@@ -29,6 +29,7 @@ from experiments.compare import (
     PaperNumber,
     Reproduced,
     Tolerance,
+    _best_evidence_first,
     load_paper_numbers,
 )
 from experiments.coverage import CONFIG_DIR, GridCoverage
@@ -163,6 +164,16 @@ def test_partial_missing_and_unreproducible_verdicts() -> None:
     assert Comparison(unreproducible).verdict == NOT_REPRODUCIBLE
     known = PaperNumber(**{**number.__dict__, "known_discrepancy": "other hardware"})
     assert Comparison(known, (_value(0.5),)).verdict == FAIL_KNOWN
+
+
+def test_a_stand_in_setting_ranks_after_any_full_run_of_the_papers_setting() -> None:
+    """A CPU time for the paper's GPU TurboQuant time (rank 1) comes after a GPU run's value, however recent."""
+    def timed(value: float, updated: str, rank: int, partial: str = "") -> Reproduced:
+        run = ExperimentRun("ann_indexing_time", f"src{value}", "c", None, {}, {}, GridCoverage(), updated)  # type: ignore[arg-type]
+        return Reproduced(value, run, partial=partial, rank=rank)
+
+    cpu, gpu, gpu_partial = timed(4.5, "2026-12-02", 1), timed(0.002, "2026-11-30", 0), timed(0.003, "2026-12-03", 0, "n: 1 < 3")
+    assert [r.value for r in _best_evidence_first([cpu, gpu_partial, gpu])] == [0.002, 4.5, 0.003]
 
 
 def _edited(tmp_path: Path, edit) -> Path:
