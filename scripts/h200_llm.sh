@@ -3,6 +3,7 @@
 #   bash scripts/h200_llm.sh setup            # wheels, the ferried GGUF parts -> one checked file, bf16 conversion
 #   bash scripts/h200_llm.sh needle SECONDS   # Fig. 4 grid (4K-32K x 11 depths), resumable, stops after SECONDS
 #   bash scripts/h200_llm.sh ablation SECONDS # kv_ablation at 16K x 11 depths x 10 seeds, resumable
+#   bash scripts/h200_llm.sh ruler SECONDS    # RULER's 13 tasks x 4K-32K (MODEL_ARGS / RULER_ARGS narrow it), resumable
 #   bash scripts/h200_llm.sh dryrun SECONDS   # Llama-3.1-8B-shaped random model at 104K tokens, per method
 # Results accumulate in /tmp/tq_results (kept while the machine is warm) and are packed into $OUT after each stage.
 set -uo pipefail
@@ -30,6 +31,9 @@ m = load_model(model_spec_from_config(cfg), 'cuda'); print(transformers.__versio
       '+experiment.methods.turboquant_3p5_prod.seeds=[0]' '+experiment.methods.polarquant.seeds=[0]' ;;
   ablation)
     run experiment=kv_ablation $MODEL scale=gpu ;;
+  ruler)    # needs nltk, wonderwords, tenacity and llama-index-core==0.14.25 (punkt_tab) among the .whl/ wheels;
+            # RULER_ARGS: extra overrides for one bounded chunk, e.g. 'experiment.sizes.gpu.contexts=[4096]'
+    run experiment=ruler ${MODEL_ARGS:-$MODEL} scale=gpu ${RULER_ARGS:-} ;;
   dryrun)   # one cell per method at 104K tokens: seconds and GPU memory of model=llama31_8b scale=paper
     tok=$(ls -d /tmp/tqcache/models/local--*--bfloat16 | head -1)
     run experiment=needle model=llama31_8b_random model.tokenizer="$tok" scale=gpu 'experiment.sizes.gpu.contexts=[104000]' \
