@@ -224,3 +224,26 @@ def test_the_config_composes_with_every_task_at_the_issues_contexts() -> None:
     assert set(gpu["methods"]) == {"full", "turboquant_3p5_window", "turboquant_2p5_window",
                                    "turboquant_3p5_window_layer0", "turboquant_4bit_nc", "kivi"}
     assert gpu["methods"]["turboquant_3p5_window_layer0"]["options"]["fp16_layers"] == [0]
+
+
+@pytest.mark.slow
+def test_ruler_smoke_config_runs_every_configured_method(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """configs/experiment/ruler.yaml at scale=smoke, every method of it, through run.py (the tiny 6-layer Llama
+    stands in for SmolLM2; one task, whose generator is quick with its small tokenizer)."""
+    import run
+    from hydra import compose, initialize_config_dir
+
+    monkeypatch.setenv("TURBOQUANT_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = save_tiny_llama(tmp_path / "tiny6", head_dim=32, num_layers=6)  # KIVI: groups of 32
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        cfg = compose("config", overrides=[
+            "experiment=ruler", "scale=smoke", "model.packaged_gguf=null", f"+model.pretrained={model_dir}",
+            "model.dtype=float32", "experiment.sizes.smoke.tasks=[fwe]", f"paths.results_dir={tmp_path / 'results'}",
+            f"paths.figures_dir={tmp_path / 'figures'}"])
+    outputs = run.run_experiment(cfg)
+    frame = pd.read_csv(outputs.results_csv)
+    assert set(frame["method"]) == set(cfg.experiment.methods) and len(frame) == len(cfg.experiment.methods)
+    assert set(frame["scale"]) == {"smoke"} and (frame["max_new_tokens"] == 8).all()
+    budgeted = frame[frame["method"].isin(["kivi", "turboquant_3p5_window"])]
+    assert (budgeted["peak_memory_ratio"] < 1).all()
+    assert outputs.figures and all(p.exists() for p in outputs.figures)
