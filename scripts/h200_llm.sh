@@ -3,6 +3,7 @@
 #   bash scripts/h200_llm.sh setup                    # wheels; every ferried GGUF -> one sha256-checked file, bf16 conversion
 #   bash scripts/h200_llm.sh needle SECONDS [MODEL]   # Fig. 4 grid (4K-32K x 11 depths; SmolLM2 4K-8K), resumable
 #   bash scripts/h200_llm.sh ablation SECONDS [MODEL] # kv_ablation at 16K x 11 depths x 10 seeds, resumable
+#   bash scripts/h200_llm.sh ruler SECONDS [MODEL]    # RULER's 13 tasks x 4K-32K (RULER_ARGS narrows it), resumable
 #   bash scripts/h200_llm.sh dryrun SECONDS           # Llama-3.1-8B-shaped random model at 104K tokens, per method
 # MODEL: qwen25_coder_15b (default) | qwen25_coder_05b | smollm2_135m, each ferried as /tmp/model/<prefix>.partNN.
 # Results accumulate in /tmp/tq_results, seeded from the committed stores (so a stage resumes the committed runs), and
@@ -46,6 +47,9 @@ m = load_model(model_spec_from_config(cfg), 'cuda'); print('$m', got[:12], trans
     run experiment=needle $MODEL scale=gpu "${NEEDLE_METHODS[@]}" "${extra[@]}" ;;
   ablation)
     run experiment=kv_ablation $MODEL scale=gpu ;;
+  ruler)    # needs nltk, wonderwords, tenacity and llama-index-core==0.14.25 (punkt_tab) among the .whl/ wheels;
+            # RULER_ARGS: extra overrides for one bounded chunk, e.g. 'experiment.sizes.gpu.contexts=[4096]'
+    run experiment=ruler $MODEL scale=gpu ${RULER_ARGS:-} ;;
   dryrun)   # one cell per method at 104K tokens: seconds and GPU memory of model=llama31_8b scale=paper
     tok=$(ls -d /tmp/tqcache/models/local--qwen2.5-coder-1.5b-*--bfloat16 | head -1)
     run experiment=needle model=llama31_8b_random model.tokenizer="$tok" scale=gpu 'experiment.sizes.gpu.contexts=[104000]' \
