@@ -25,7 +25,6 @@ import faiss
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from experiments.coverage import grid_coverage
 from experiments.data.embeddings import EmbeddingDataset, load_embeddings
@@ -153,31 +152,38 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         units = [{"dataset_name": key, "dataset_config_id": config_hash(dataset_cfg), "n_base": n_base,
                   "n_queries": n_queries, "method": m, "bits": int(b)} for m in exp.methods for b in exp.bits]
         all_units += units
-        todo = [unit for unit in units if not store.is_done(unit)]
-        if not todo:
-            continue
-        data = load_ann_dataset(key, dataset_cfg, n_base, n_queries, int(cfg.seed), bool(exp.normalize))
-        provenance[key] = data.provenance()
-        store.record_provenance(datasets=provenance, description="; ".join(p["description"] for p in provenance.values()))
-        truth = exact_top1(data)
-        for unit in tqdm(todo, desc=f"ann_recall {key}"):
-            built = build_index(unit["method"], data.dim, unit["bits"], data.base, **_method_options(unit["method"], cfg))
-            search_s, recalls = _timed_recall(built.index, data.queries, truth, ks)
-            common = {
-                "dim": data.dim,
-                "bits_per_coordinate": built.index.bits_per_coordinate,
-                "train_s": built.train_s,
-                "add_s": built.add_s,
-                "search_s": search_s,
-                **threads,
-            }
-            fast = _fastscan_twin(built.index)
-            if fast is not None:  # the fast-scan path's recall next to the scorer's, on the same codes
-                fast_s, fast_recalls = _timed_recall(fast, data.queries, truth, ks)
-                common.update(scorer=built.index.search_path, search_s_fastscan=fast_s)
-            store.save_unit(unit, [{"k": k, "recall": recalls[k], **common,
-                                    **({"recall_fastscan": fast_recalls[k]} if fast is not None else {})} for k in ks])
+
+        def prepare(missing: list) -> tuple[Any, np.ndarray]:  # called by run_units within this iteration
+            data = load_ann_dataset(key, dataset_cfg, n_base, n_queries, int(cfg.seed), bool(exp.normalize))
+            provenance[key] = data.provenance()
+            store.record_provenance(datasets=provenance,
+                                    description="; ".join(p["description"] for p in provenance.values()))
+            return data, exact_top1(data)
+
+        store.run_units(units, lambda unit, prepared: _recall_rows(unit, *prepared, ks, cfg, threads),
+                        prepare=prepare, progress=f"ann_recall {key}")
     return store.frame(units=all_units)
+
+
+def _recall_rows(unit: Mapping[str, Any], data: Any, truth: np.ndarray, ks: list[int], cfg: Any,
+                 threads: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One unit's rows: build the index, recall@1@k for every k (and the fast-scan twin's, on the same codes)."""
+    built = build_index(unit["method"], data.dim, unit["bits"], data.base, **_method_options(unit["method"], cfg))
+    search_s, recalls = _timed_recall(built.index, data.queries, truth, ks)
+    common = {
+        "dim": data.dim,
+        "bits_per_coordinate": built.index.bits_per_coordinate,
+        "train_s": built.train_s,
+        "add_s": built.add_s,
+        "search_s": search_s,
+        **threads,
+    }
+    fast = _fastscan_twin(built.index)
+    if fast is not None:  # the fast-scan path's recall next to the scorer's, on the same codes
+        fast_s, fast_recalls = _timed_recall(fast, data.queries, truth, ks)
+        common.update(scorer=built.index.search_path, search_s_fastscan=fast_s)
+    return [{"k": k, "recall": recalls[k], **common, **({"recall_fastscan": fast_recalls[k]} if fast is not None else {})}
+            for k in ks]
 
 
 def _timed_recall(index: VectorIndex, queries: np.ndarray, truth: np.ndarray, ks: list[int]) -> tuple[float, dict[int, float]]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +67,6 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     import triton
 
     from benchmarks.suite import select_ops
-    import time
-
     from benchmarks.utils import Bench, compiled_kernels, device_name, markdown_table
 
     device = require_kernel_device(cfg)
@@ -83,19 +83,19 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     print(header, flush=True)
     store.record_provenance(command=command, gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                             copy_bandwidth_gbps=copy_gbps)
-    units = []
-    for op, bench_op in ops.items():
-        unit = {"benchmark": op, "gpu": gpu}
-        units.append(unit)
-        if store.is_done(unit):
-            continue
+    units = [{"benchmark": op, "gpu": gpu} for op in ops]
+
+    def compute(unit: Mapping[str, Any], prepared: None) -> list[dict[str, Any]]:
+        op = unit["benchmark"]
         started, compiled = time.perf_counter(), compiled_kernels()
-        rows = bench_op(bench, sizes[op], dict(cfg.experiment.variants[op]))
+        rows = ops[op](bench, sizes[op], dict(cfg.experiment.variants[op]))
         cost = {"op_wall_s": round(time.perf_counter() - started, 1), "op_compiles": compiled_kernels() - compiled}
         print(f"[kernels] {op}: {cost['op_wall_s']} s, {cost['op_compiles']} Triton compiles", flush=True)
-        store.save_unit(unit, [r.as_dict() | {"command": command, "copy_bandwidth_gbps": copy_gbps} | cost
-                               for r in rows])
-        print(markdown_table(store.frame([unit])), flush=True)
+        rows = [r.as_dict() | {"command": command, "copy_bandwidth_gbps": copy_gbps} | cost for r in rows]
+        print(markdown_table(pd.DataFrame(rows)), flush=True)
+        return rows
+
+    store.run_units(units, compute, progress="kernel benchmarks")
     frame = store.frame(units)
     costs = ""
     if "op_compiles" in frame:

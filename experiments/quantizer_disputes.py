@@ -29,6 +29,7 @@ quantizer's own randomness (Π, S); the data are fixed.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from experiments.ann_recall import set_threads
 from experiments.coverage import grid_coverage
@@ -203,16 +203,19 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
 
     units = [{"rotation": str(r), "bits": int(b), "quantizer_seed": int(s), "methods": ",".join(measured(str(r)))}
              for r in exp.rotations for b in exp.bits for s in exp.seeds]
-    todo = [unit for unit in units if not store.is_done(unit)]
-    if todo:
+
+    def prepare(missing: list) -> Any:
         set_threads(int(exp.threads))
         data = load_unit_embeddings(cfg)
         store.record_provenance(**data.provenance())
-        for unit in tqdm(todo, desc=f"quantizer disputes ({data.name}, d={data.dim})", unit="unit"):
-            store.save_unit(unit, measure(unit["rotation"], unit["bits"], unit["quantizer_seed"], data,
-                                          unit["methods"].split(","),
-                                          [int(k) for k in exp.recall_k]))
-    return store.frame(units)
+        return data
+
+    def compute(unit: Mapping[str, Any], data: Any) -> list[dict[str, Any]]:
+        return measure(unit["rotation"], unit["bits"], unit["quantizer_seed"], data, unit["methods"].split(","),
+                       [int(k) for k in exp.recall_k])
+
+    return store.run_units(units, compute, prepare=prepare,
+                           progress=lambda data: f"quantizer disputes ({data.name}, d={data.dim})")
 
 
 def seed_summary(df: pd.DataFrame, column: str) -> pd.DataFrame:
