@@ -1,7 +1,7 @@
 """CPU search speed, one run: TurboQuant's fast-scan path against faiss IndexPQ, IndexPQFastScan, IndexRaBitQ and an
 fp32 brute-force scan, one query at a time and a batch, at equal bits per coordinate (issue 17).
 
-    python -m benchmarks.bench_ann_search --out figures/ann_search      # 2 idle cores: about 8 minutes (estimate)
+    python -m benchmarks.bench_ann_search --out results/ann_search      # 2 cores: about 35 minutes (measured, load 2-3)
 
 For each ``d:bits`` of ``--configs`` (default 200:4 1536:4 1536:2 3072:4), ``--n`` random unit vectors and
 ``--queries`` random unit queries (seeded by d). Indexes (``turboquant.ann.make_index``): TurboQuant_mse and
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the fast indexes")
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("figures/ann_search"))
+    parser.add_argument("--out", type=Path, default=Path("results/ann_search"))
     args = parser.parse_args(argv)
     import faiss
 
