@@ -130,12 +130,13 @@ def write_summary(table: pd.DataFrame, path: Path, title: str) -> None:
     per-layer logit-error std (mean over seeds), which shows where in the model the attention logits are perturbed."""
     per_seed = table.groupby(["method", "seed"], dropna=False)[list(MEASURES)].mean()
     grouped = per_seed.groupby(level="method", sort=False)
-    mean, se = grouped.mean(), grouped.sem().fillna(0.0)
+    mean, se = grouped.mean(), grouped.sem()  # NaN with one seed: no spread to report
     order = list(dict.fromkeys(table["method"]))
-    lines = [f"# {title}", "", "Mean over layers; ± is the standard error over rotation seeds.", "",
+    lines = [f"# {title}", "", "Mean over layers; ± is the standard error over rotation seeds (none for a method run once).", "",
              "| method | seeds | " + " | ".join(MEASURES) + " |", "|---|---|" + "---|" * len(MEASURES)]
     for method in order:
-        cells = [f"{mean.loc[method, c]:.3f} ± {se.loc[method, c]:.3f}" for c in MEASURES]
+        cells = [f"{mean.loc[method, c]:.3f}" + ("" if pd.isna(se.loc[method, c]) else f" ± {se.loc[method, c]:.3f}")
+                 for c in MEASURES]
         lines.append(f"| {method} | {grouped.size()[method]} | " + " | ".join(cells) + " |")
     layers = table.pivot_table(index="layer", columns="method", values="logit_error_std", aggfunc="mean")[order]
     lines += ["", "Logit-error std per layer (mean over seeds):", "",

@@ -59,13 +59,16 @@ def test_summary_tables_means_over_layers_and_the_per_layer_logit_error(tmp_path
     rows = [{"layer": layer, "method": method, "seed": seed, "key_error": 0.1, "value_error": 0.2,
              "logit_error_std": (10.0 if layer == 0 else 1.0) * scale + seed, "output_error": 0.3, "memory_ratio": 0.25}
             for method, scale in (("a", 1.0), ("b", 0.0)) for seed in (0, 2) for layer in range(3)]
+    rows += [{"layer": layer, "method": "c", "seed": None, "key_error": 0.1, "value_error": 0.2, "logit_error_std": 1.0,
+              "output_error": 0.3, "memory_ratio": 0.25} for layer in range(3)]   # run once (no rotation seed)
     path = tmp_path / "errors.md"
     kv_attention_error.write_summary(pd.DataFrame(rows), path, "title")
     text = path.read_text()
     # method a: per-seed layer means (12/3 + 0, 12/3 + 2) = (4, 6) -> 5 ± 1; method b: (0, 2) -> 1 ± 1
     assert "| a | 2 | 0.100 ± 0.000 | 0.200 ± 0.000 | 5.000 ± 1.000 |" in text
     assert "| b | 2 | 0.100 ± 0.000 | 0.200 ± 0.000 | 1.000 ± 1.000 |" in text
-    assert "| 0 | 11.000 | 1.000 |" in text and "| 2 | 2.000 | 1.000 |" in text
+    assert "| c | 1 | 0.100 | 0.200 | 1.000 | 0.300 | 0.250 |" in text   # one run: no standard error shown
+    assert "| 0 | 11.000 | 1.000 | 1.000 |" in text and "| 2 | 2.000 | 1.000 | 1.000 |" in text
 
 
 def test_key_statistics_find_an_outlier_channel() -> None:
