@@ -190,7 +190,7 @@ def plot(df: pd.DataFrame, out: Path) -> list[Path]:
         handles += [plt.Line2D([], [], ls="", marker="o", color="k", label="batch"),
                     plt.Line2D([], [], ls="", marker="^", color="k", markerfacecolor="none", label="one query")]
         axes[0][-1].legend(handles=handles, fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
-        fig.suptitle("CPU search throughput vs recall, one run (benchmarks/bench_ann_search.py)", fontsize=8)
+        fig.suptitle("CPU search throughput vs recall on random unit vectors (synthetic data, not embeddings), one run (benchmarks/bench_ann_search.py)", fontsize=8)
         fig.tight_layout()
         return save_figure(fig, out, "ann_qps_recall")
 
