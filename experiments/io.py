@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime as _dt
-import fcntl
 import hashlib
 import io
 import json
@@ -52,6 +51,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
+
+from experiments.data.cache import file_lock
 
 __all__ = ["ResultStore", "result_config", "config_to_dict", "experiment_sizes"]
 
@@ -128,17 +129,6 @@ def experiment_sizes(cfg: Any) -> Any:
             f"experiment {cfg.experiment.name!r} defines sizes for {sorted(sizes)} but not for scale {scale!r}"
         )
     return sizes[scale]
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _file_mode() -> int:
@@ -297,7 +287,7 @@ class ResultStore:
     def _write_run_record(self, provenance: Mapping[str, Any] | None = None) -> None:
         if self.read_only:
             raise ValueError(f"{self.run_path}: this store is read-only (it reads stored results, writes nothing)")
-        with _locked(self._lock_path):
+        with file_lock(self._lock_path):
             record: dict[str, Any] = {}
             if self.run_path.exists():
                 record = _read_json(self.run_path)
@@ -375,7 +365,7 @@ class ResultStore:
         if repeated.any():
             raise ValueError(f"unit {dict(unit)}: rows {list(new.index[repeated])} are identical; the rows of a "
                              "unit must differ in some column")
-        with _locked(self._lock_path):
+        with file_lock(self._lock_path):
             old = self._whole_rows(self._rows(), "dropped, to be recomputed")
             old = old[old["unit_id"] != unit_id]  # a unit is written whole, exactly once
             frames = [df for df in (old, new) if not df.empty]

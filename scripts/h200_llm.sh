@@ -1,55 +1,69 @@
 #!/usr/bin/env bash
-# The H200 runs of the LLM experiments (results/needle/README.md), one stage per device call:
-#   bash scripts/h200_llm.sh setup                    # wheels; every ferried GGUF -> one sha256-checked file, bf16 conversion
-#   bash scripts/h200_llm.sh needle SECONDS [MODEL]   # Fig. 4 grid (4K-32K x 11 depths; SmolLM2 4K-8K), resumable
-#   bash scripts/h200_llm.sh ablation SECONDS [MODEL] # kv_ablation at 16K x 11 depths x 10 seeds, resumable
-#   bash scripts/h200_llm.sh ruler SECONDS [MODEL]    # RULER's 13 tasks x 4K-32K (RULER_ARGS narrows it), resumable
-#   bash scripts/h200_llm.sh dryrun SECONDS           # Llama-3.1-8B-shaped random model at 104K tokens, per method
+# The H200 runs of the LLM experiments (results/needle/README.md), one or more stages per device call:
+#   bash scripts/h200_llm.sh setup                          # wheels; every ferried GGUF -> one sha256-checked file,
+#                                                           # its bf16 conversion (all models at once)
+#   bash scripts/h200_llm.sh needle SECONDS [MODEL [OVERRIDES...]]    # Fig. 4 grid (4K-32K x 11 depths), resumable
+#   bash scripts/h200_llm.sh ablation SECONDS [MODEL [OVERRIDES...]]  # kv_ablation at 16K x 11 depths x 10 seeds
+#   bash scripts/h200_llm.sh ruler SECONDS [MODEL [OVERRIDES...]]     # RULER's 13 tasks x 4K-32K, resumable
+#   bash scripts/h200_llm.sh dryrun SECONDS                 # Llama-3.1-8B-shaped random model at 104K tokens
+#   bash scripts/h200_llm.sh parallel SECONDS JOBFILE       # every line "STAGE MODEL [OVERRIDES...]" of JOBFILE
+#                                                           # as its own process, all sharing the GPU
 # MODEL: qwen25_coder_15b (default) | qwen25_coder_05b | smollm2_135m, each ferried as /tmp/model/<prefix>.partNN.
-# Results accumulate in /tmp/tq_results, seeded from the committed stores (so a stage resumes the committed runs), and
-# are packed into $OUT after each stage.
+# Wheels are installed from /tmp/whl (ferried beside the last parts), RULER samples made off the device are read
+# from /tmp/tqcache/ruler_samples (the generators' cache: a sample set whose key does not match is generated here).
+# Why parallel: a decode step on this path is bound by the host (benchmarks/NOTES.md), so several processes
+# keep one GPU busier than one; their `seconds` columns are then not per-cell costs (the dry run never shares).
+# Results accumulate in /tmp/tq_results, seeded from the committed stores (so a stage resumes the committed runs;
+# the stores lock their files, so processes may share one), and are packed into $OUT every PACK_EVERY seconds
+# and after each stage, so a call cut off at its limit still returns what was computed.
 set -uo pipefail
 stage=${1:?stage}; budget=${2:-540}; model=${3:-qwen25_coder_15b}
+extra=("${@:4}")
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TURBOQUANT_CACHE_DIR=/tmp/tqcache PYTHONPATH=/tmp/site
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
+mkdir -p /tmp/tq_logs
 gguf_of() { case $1 in
   qwen25_coder_15b) echo qwen2.5-coder-1.5b-instruct-q4_k_m.gguf ;;
   qwen25_coder_05b) echo qwen2.5-coder-0.5b-instruct-q4_k_m.gguf ;;
   smollm2_135m)     echo SmolLM2-135M-Instruct.Q4_1.gguf ;;
   *) echo "unknown model $1" >&2; exit 2 ;; esac; }
 prefix_of() { case $1 in qwen25_coder_15b) echo q15 ;; qwen25_coder_05b) echo q05 ;; smollm2_135m) echo s135 ;; esac; }
-GGUF=$(gguf_of "$model") || exit 2
-MODEL="model=$model model.packaged_gguf=null +model.pretrained=/tmp/model +model.gguf_file=$GGUF"
-RESULTS="paths.results_dir=/tmp/tq_results paths.figures_dir=/tmp/tq_results/figures hydra.run.dir=/tmp/tq_hydra/\${now:%H-%M-%S}"
-run() { timeout --signal=INT "$budget" "${PY:-python3}" run.py "$@" $RESULTS 2>&1 | tee -a "$OUT/log_$stage.txt"; }
-pack() { mkdir -p /tmp/tq_results; tar -czf "$OUT/results_$stage.tgz" -C /tmp tq_results; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > "$OUT/gpu.txt"; }
+[ "$stage" = parallel ] || [ "$stage" = setup ] || GGUF=$(gguf_of "$model") || exit 2
+MODEL="model=$model model.packaged_gguf=null +model.pretrained=/tmp/model +model.gguf_file=${GGUF:-}"
+RESULTS="paths.results_dir=/tmp/tq_results paths.figures_dir=/tmp/tq_results/figures hydra.run.dir=/tmp/tq_hydra/${stage}_${model}_$$"
+log="/tmp/tq_logs/${stage}_${model}_$$.txt"
+run() { timeout --signal=INT "$budget" "${PY:-python3}" run.py "$@" $RESULTS "${extra[@]}" > "$log" 2>&1; echo "$stage $model ${extra[*]}: exit $?" | tee -a /tmp/tq_logs/exits.txt; tail -3 "$log"; }
+pack() { mkdir -p /tmp/tq_results; tar -czf "$OUT/results.tgz.tmp" -C /tmp tq_results tq_logs $(cd /tmp && ls -d tqcache/ruler_samples 2>/dev/null) && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"
+         nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv > "$OUT/gpu.txt"; }
 NEEDLE_METHODS=("~experiment.methods.turboquant_3p5" "~experiment.methods.turboquant_2p5" "~experiment.methods.kivi_2bit"
   "+experiment.methods.turboquant_4bit_nc.seeds=[0]" "+experiment.methods.turboquant_3p5_prod.seeds=[0]"
   "+experiment.methods.polarquant.seeds=[0]")
-case $stage in
-  setup)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    mkdir -p /tmp/tq_results && cp -rn results/needle results/kv_ablation /tmp/tq_results/
-    for m in qwen25_coder_15b qwen25_coder_05b smollm2_135m; do
-      p=$(prefix_of $m); f=$(gguf_of $m)
-      if ls /tmp/model/$p.part* >/dev/null 2>&1; then cat /tmp/model/$p.part* > /tmp/model/$f && rm /tmp/model/$p.part*; fi
-      [ -f /tmp/model/$f ] || continue
-      python3 -c "
+convert() {  # $1 = model: the ferried parts -> one GGUF, sha256 against its config, bf16 conversion on the GPU
+  local m=$1 p f; p=$(prefix_of "$m"); f=$(gguf_of "$m")
+  if ls /tmp/model/$p.part* >/dev/null 2>&1; then cat /tmp/model/$p.part* > /tmp/model/$f && rm /tmp/model/$p.part*; fi
+  [ -f /tmp/model/$f ] || return 0
+  python3 -c "
 import hashlib, torch, transformers; from omegaconf import OmegaConf
 from experiments.models import load_model, model_spec_from_config
 cfg = OmegaConf.load('configs/model/$m.yaml'); want = cfg.packaged_gguf.sha256
 got = hashlib.sha256(open('/tmp/model/$f', 'rb').read()).hexdigest()
 assert got == want, f'/tmp/model/$f: sha256 {got}, expected {want} (configs/model/$m.yaml)'
 cfg.packaged_gguf = None; cfg.pretrained = '/tmp/model'; cfg.gguf_file = '$f'
-m = load_model(model_spec_from_config(cfg), 'cuda'); print('$m', got[:12], transformers.__version__, torch.__version__, m.provenance)" || exit 1
-    done ;;
+m = load_model(model_spec_from_config(cfg), 'cuda'); print('$m', got[:12], transformers.__version__, torch.__version__, m.provenance)"
+}
+case $stage in
+  setup)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/whl/*.whl || exit 1
+    mkdir -p /tmp/tq_results && for d in needle kv_ablation ruler; do [ -d results/$d ] && cp -rn results/$d /tmp/tq_results/; done
+    pids=(); for m in qwen25_coder_15b qwen25_coder_05b smollm2_135m; do convert $m & pids+=($!); done
+    status=0; for p in "${pids[@]}"; do wait "$p" || status=1; done; exit $status ;;
   needle)   # the paper's rows, the best-preset candidates, vLLM's 4-bit preset and the baselines
-    extra=(); [ "$model" = smollm2_135m ] && extra=("experiment.sizes.gpu.contexts=[4000,6000,8000]")  # its 8K window
-    run experiment=needle $MODEL scale=gpu "${NEEDLE_METHODS[@]}" "${extra[@]}" ;;
+    [ "$model" = smollm2_135m ] && extra+=("experiment.sizes.gpu.contexts=[4000,6000,8000]")  # its 8K window
+    run experiment=needle $MODEL scale=gpu "${NEEDLE_METHODS[@]}" ;;
   ablation)
     run experiment=kv_ablation $MODEL scale=gpu ;;
-  ruler)    # needs nltk, wonderwords, tenacity and llama-index-core==0.14.25 (punkt_tab) among the .whl/ wheels;
-            # RULER_ARGS: extra overrides for one bounded chunk, e.g. 'experiment.sizes.gpu.contexts=[4096]'
-    run experiment=ruler $MODEL scale=gpu ${RULER_ARGS:-} ;;
+  ruler)    # needs nltk, wonderwords, tenacity and llama-index-core==0.14.25 (punkt_tab) among the wheels
+    run experiment=ruler $MODEL scale=gpu ;;
   dryrun)   # one cell per method at 104K tokens: seconds and GPU memory of model=llama31_8b scale=paper
     tok=$(ls -d /tmp/tqcache/models/local--qwen2.5-coder-1.5b-*--bfloat16 | head -1)
     run experiment=needle model=llama31_8b_random model.tokenizer="$tok" scale=gpu 'experiment.sizes.gpu.contexts=[104000]' \
@@ -57,6 +71,13 @@ m = load_model(model_spec_from_config(cfg), 'cuda'); print('$m', got[:12], trans
       '~experiment.methods.turboquant_3p5' '~experiment.methods.turboquant_2p5' '~experiment.methods.kivi_2bit' \
       '~experiment.methods.turboquant_2p5_window' '~experiment.methods.turboquant_b1_k3p5v2p5' '~experiment.methods.polarquant' \
       '+experiment.methods.turboquant_3p5_window_workspace={label:"TurboQuant 3.5-bit + window, workspace read path",cache:turboquant,options:{bits:3.5,residual_length:128,fused_decode:false,seed:0}}' ;;
+  parallel) # $3 = a job file; each job runs with this call's budget, the packer runs beside them
+    jobs=${3:?job file}; ( while sleep "${PACK_EVERY:-60}"; do pack; done ) & packer=$!
+    pids=(); while read -r -a job; do
+      [ ${#job[@]} -eq 0 ] || [ "${job[0]:0:1}" = "#" ] && continue
+      NOPACK=1 bash "$0" "${job[0]}" "$budget" "${job[@]:1}" & pids+=($!)
+    done < "$jobs"
+    for p in "${pids[@]}"; do wait "$p"; done; kill "$packer" 2>/dev/null ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
-pack
+[ -n "${NOPACK:-}" ] || pack

@@ -145,6 +145,20 @@ def write_summary(table: pd.DataFrame, path: Path, title: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def stored_rows(path: Path, **prompt: float) -> pd.DataFrame | None:
+    """The rows of ``path`` that ``--append`` keeps (None when there is no file yet); an error when they were made
+    with other prompt options (``context``, ``depth``, ``queries``) than ``prompt``."""
+    if not path.is_file():
+        return None
+    stored = pd.read_csv(path)
+    differs = {k: sorted(stored[k].unique()) if k in stored else "not recorded" for k, v in prompt.items()
+               if k not in stored or (stored[k] != v).any()}
+    if differs:
+        raise SystemExit(f"{path}: its rows were made with other prompt options ({differs}) than {prompt}; "
+                         "--append adds rows of the same prompt only")
+    return stored
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2_135m", help="a configs/model/ name")
@@ -157,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=float, default=0.5)
     parser.add_argument("--queries", type=int, default=64, help="last prompt positions whose attention is measured")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "kv_attention_error.csv")
+    parser.add_argument("--append", action="store_true",
+                        help="add these methods' rows to --out (replacing their old rows), keeping the others; the "
+                             "prompt options must be the ones the stored rows were made with")
     parser.add_argument("--summarize", type=Path, metavar="CSV",
                         help="only write the markdown summary of a CSV this script wrote (beside it), computing nothing")
     parser.add_argument("--keys-only", action="store_true",
@@ -174,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not key:
             parser.error(f"--model-set takes KEY=VALUE, got {item!r}")
         OmegaConf.update(model_cfg, key, None if value == "null" else value, force_add=True)
+    stored = stored_rows(args.out, context=args.context, depth=args.depth, queries=args.queries) if args.append else None
     spec = model_spec_from_config(model_cfg)
     loaded = load_model(spec)
     task_cfg = config_to_dict(OmegaConf.load(CONFIGS / "needle_task" / "sf_sandwich.yaml"))
@@ -191,11 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     frames = []
     for method, seed in method_runs(methods, [int(s) for s in args.seeds.split(",")]):
         rows = pd.DataFrame(layer_errors(loaded.model, layers, method))
-        frames.append(rows.assign(method=method.key, label=method.label, seed=seed))
+        frames.append(rows.assign(method=method.key, label=method.label, seed=seed, context=args.context,
+                                  depth=args.depth, queries=args.queries))
         print(f"{method.key:28s} seed {seed!s:4s} " + "  ".join(
             f"{c} {rows[c].mean():.3f}" for c in ("key_error", "value_error", "logit_error_std", "output_error")),
             flush=True)
     table = pd.concat(frames, ignore_index=True)
+    if stored is not None:  # --append: keep the other methods' rows of the same prompt
+        table = pd.concat([stored[~stored["method"].isin(table["method"].unique())], table], ignore_index=True)
     table.to_csv(args.out, index=False)
     title = args.title or (f"Attention perturbation per layer: {spec.display_name}, needle prompt of "
                            f"{prompt.prompt_tokens} tokens at depth {args.depth}, last {args.queries} queries")

@@ -5,6 +5,6 @@ library), ``worker`` (runs one of its generator scripts in a child process), ``s
 per model, cached), ``table`` (mean ± SE, gap to the full cache with paired SE), ``experiment`` (run / plot).
 """
 
-from experiments.ruler.experiment import RESULT_KEYS, plot, run
+from experiments.ruler.experiment import RESULT_KEYS, plot, run, stored_frame, write_tables
 
-__all__ = ["RESULT_KEYS", "run", "plot"]
+__all__ = ["RESULT_KEYS", "run", "stored_frame", "plot", "write_tables"]

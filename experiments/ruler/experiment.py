@@ -44,7 +44,7 @@ from experiments.ruler.library import RulerTask, check_dependencies, package_pro
 from experiments.ruler.samples import RulerSample, generate_sample_sets
 from experiments.ruler.table import AVERAGE, summary_table
 
-__all__ = ["RESULT_KEYS", "RulerSizes", "ruler_sizes", "unit_of", "run", "plot", "write_tables"]
+__all__ = ["RESULT_KEYS", "RulerSizes", "ruler_sizes", "unit_of", "run", "stored_frame", "plot", "write_tables"]
 
 #: Version of the protocol, part of every unit.
 PROTOCOL = 1
@@ -98,6 +98,19 @@ def unit_of(method: KVMethod, task: str, context: int, sample: int, cap: int | N
     """The stored identity of one sample's result."""
     return {"method": method.key, "method_options": method.identity(), "task": task, "context": context,
             "sample": sample, "max_new_tokens_cap": cap or 0, "protocol": PROTOCOL}
+
+
+def _units(cfg: Any, runs: list[tuple[KVMethod, int | None]]) -> list[dict[str, Any]]:
+    """Every (context, task, sample, method run) unit of the configured grid, context-major."""
+    sizes = ruler_sizes(cfg)
+    return [unit_of(m, t, c, i, sizes.max_new_tokens_cap) for c in sizes.contexts for t in sizes.tasks
+            for i in range(sizes.samples) for m, _ in runs]
+
+
+def stored_frame(cfg: Any, store: ResultStore) -> pd.DataFrame:
+    """The stored samples of the configured grid and methods (labels from the config), computing nothing."""
+    methods = kv_methods(cfg)
+    return with_current_labels(store.frame(_units(cfg, _method_runs(methods, ruler_sizes(cfg).method_seeds))), methods)
 
 
 def _max_new_tokens(task: RulerTask, cap: int | None) -> int:
@@ -161,8 +174,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     methods = kv_methods(cfg)
     runs = _method_runs(methods, sizes.method_seeds)
     cap = sizes.max_new_tokens_cap
-    units = [unit_of(m, t, c, i, cap) for c in sizes.contexts for t in sizes.tasks for i in range(sizes.samples)
-             for m, _ in runs]
+    units = _units(cfg, runs)
     needed = [(tasks[t], c) for c in sizes.contexts for t in sizes.tasks
               if any(not store.is_done(unit_of(m, t, c, i, cap)) for i in range(sizes.samples) for m, _ in runs)]
     failures: dict[str, str] = {}

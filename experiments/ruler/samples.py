@@ -11,8 +11,9 @@ chat template's default system prompt too, as in RULER itself.
 
 The generators draw from ``random`` / ``numpy`` seeded by ``--random_seed`` (RULER: 42), so a (task, context,
 samples, seed, tokenizer, template) always gives the same samples; they are cached as the package's jsonl under
-``<cache_dir>/ruler_samples/`` (the user cache dir, :func:`experiments.data.cache.cache_root`) and every result
-row records its prompt's SHA-256, so paired comparisons are checked to be on the same prompts.
+``<cache_dir>/ruler_samples/`` (the user cache dir, :func:`experiments.data.cache.cache_root`), one generating
+process per model at a time (runs of several methods in parallel share the cache), and every result row records
+its prompt's SHA-256, so paired comparisons are checked to be on the same prompts.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.data.cache import save_text_atomically
+from experiments.data.cache import file_lock, save_text_atomically
 from experiments.ruler.library import (RulerTask, generator_argv, generator_script, nltk_data_dir, prompt_template,
                                        read_manifest)
 
@@ -149,7 +150,8 @@ def generate_sample_sets(
     template = model_template(tokenizer, system)
     out: dict[tuple[str, int], list[RulerSample]] = {}
     failures: dict[tuple[str, int], str] = {}
-    with tempfile.TemporaryDirectory(prefix="ruler_") as tmp:
+    # one generating process per cache folder: a concurrent run of the same model waits, then reads the cache
+    with file_lock(cache_dir / ".generate.lock"), tempfile.TemporaryDirectory(prefix="ruler_") as tmp:
         work = Path(tmp)
         tokenizer_dir = work / "tokenizer"
         tokenizer.save_pretrained(tokenizer_dir)

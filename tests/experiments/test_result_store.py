@@ -72,3 +72,26 @@ def test_run_units_in_batches_leaves_a_failed_batch_missing(tmp_path: Path) -> N
     assert not store.is_done(units[2]) and not store.is_done(units[3])
     with pytest.raises(ValueError, match="a batch of 2 units gave rows for 1"):
         store.run_units(units, lambda batch, _: [[{"value": 0}]], batches=lambda missing: [missing])
+
+
+def _save_units(directory: str, worker: int, count: int) -> None:
+    store = ResultStore(directory, "shared", {"seed": 0})
+    for index in range(count):
+        store.save_unit({"worker": worker, "index": index}, [{"value": float(index)}])
+
+
+def test_processes_sharing_a_store_keep_every_unit(tmp_path: Path) -> None:
+    """The H200 runs start several processes on one store (scripts/h200_llm.sh parallel): its file lock makes
+    each read-merge-write whole, so no process overwrites units another stored meanwhile."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_save_units, args=(str(tmp_path), w, 15)) for w in range(3)]
+    for process in workers:
+        process.start()
+    for process in workers:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    frame = ResultStore(tmp_path, "shared", {"seed": 0}).frame()
+    assert len(frame) == 45 and frame["unit_id"].is_unique
+    assert sorted(frame.groupby("worker").size()) == [15, 15, 15]

@@ -203,6 +203,16 @@ def test_ruler_runs_end_to_end_and_a_killed_run_resumes(tiny_model_dir: Path, tm
     again = ruler.run(cfg, ResultStore(tmp_path, "ruler", cfg, result_keys=ruler.RESULT_KEYS))
     assert len(again) == units
 
+    # scripts/replot.py's path: the stored grid, read-only, with the config's current labels, and the tables
+    from experiments import ruler as package
+
+    relabelled = cfg.copy()
+    relabelled.experiment.methods.tq.label = "renamed"
+    stored = package.stored_frame(relabelled, ResultStore(tmp_path, "ruler", relabelled, result_keys=ruler.RESULT_KEYS,
+                                                          read_only=True))
+    assert len(stored) == units and set(stored.loc[stored["method"] == "tq", "method_label"]) == {"renamed"}
+    assert package.write_tables is ruler.write_tables
+
 
 def test_bad_sizes_are_clear_errors(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = _cfg(tiny_model_dir, tmp_path)
@@ -222,7 +232,9 @@ def test_the_config_composes_with_every_task_at_the_issues_contexts() -> None:
     assert gpu["sizes"]["gpu"]["contexts"] == [4096, 8192, 16384, 32768]
     assert gpu["sizes"]["gpu"]["tasks"] == list(ruler_tasks())
     assert set(gpu["methods"]) == {"full", "turboquant_3p5_window", "turboquant_2p5_window",
-                                   "turboquant_3p5_window_layer0", "turboquant_4bit_nc", "kivi"}
+                                   "turboquant_3p5_window_centered", "turboquant_3p5_window_layer0",
+                                   "turboquant_4bit_nc", "kivi"}
+    assert gpu["methods"]["turboquant_3p5_window_centered"]["options"]["center_keys"] is True
     assert gpu["methods"]["turboquant_3p5_window_layer0"]["options"]["fp16_layers"] == [0]
 
 

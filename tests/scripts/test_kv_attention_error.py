@@ -77,3 +77,17 @@ def test_key_statistics_find_an_outlier_channel() -> None:
     stats = kv_attention_error.key_statistics([{"keys": keys}, {"keys": torch.ones(1, 2, 10, 8)}])
     assert stats.loc[0, "channel_peak_ratio"] == 50.0 and stats.loc[1, "channel_peak_ratio"] == 1.0
     assert abs(stats.loc[1, "key_norm"] - 8 ** 0.5) < 1e-6
+
+
+def test_append_keeps_rows_of_the_same_prompt_and_refuses_other_prompts(tmp_path) -> None:
+    path = tmp_path / "rows.csv"
+    assert kv_attention_error.stored_rows(path, context=2048, depth=0.5, queries=64) is None
+    import pandas as pd
+
+    pd.DataFrame({"layer": [0, 1], "method": ["a", "a"], "context": 2048, "depth": 0.5, "queries": 64}).to_csv(path)
+    assert len(kv_attention_error.stored_rows(path, context=2048, depth=0.5, queries=64)) == 2
+    with pytest.raises(SystemExit, match="other prompt options"):
+        kv_attention_error.stored_rows(path, context=1536, depth=0.5, queries=64)
+    pd.DataFrame({"layer": [0], "method": ["a"]}).to_csv(path)  # rows that do not say which prompt made them
+    with pytest.raises(SystemExit, match="not recorded"):
+        kv_attention_error.stored_rows(path, context=2048, depth=0.5, queries=64)
