@@ -71,6 +71,7 @@ kernels: setup
 
 check: setup
 	$(PY) scripts/compare_to_paper.py
+	$(PY) scripts/kv_trend.py
 
 clean-results:
 	rm -rf results/* figures/*.png figures/*.pdf

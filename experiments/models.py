@@ -393,6 +393,7 @@ def load_model(spec: ModelSpec, device: str | torch.device = "cpu") -> LoadedMod
         num_kv_heads=getattr(model.config, "num_key_value_heads", None),
         head_dim=getattr(model.config, "head_dim", None)
         or model.config.hidden_size // model.config.num_attention_heads,
+        parameters=sum(p.numel() for p in model.parameters()),  # tied embeddings once
         load_seconds=round(time.perf_counter() - start, 2),
     )
     return LoadedModel(model=model, tokenizer=tokenizer, spec=spec, provenance=provenance)
