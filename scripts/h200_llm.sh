@@ -5,6 +5,7 @@
 #   bash scripts/h200_llm.sh needle SECONDS [MODEL [OVERRIDES...]]    # Fig. 4 grid (4K-32K x 11 depths), resumable
 #   bash scripts/h200_llm.sh ablation SECONDS [MODEL [OVERRIDES...]]  # kv_ablation at 16K x 11 depths x 10 seeds
 #   bash scripts/h200_llm.sh ruler SECONDS [MODEL [OVERRIDES...]]     # RULER's 13 tasks x 4K-32K, resumable
+#   bash scripts/h200_llm.sh longbench SECONDS [MODEL [OVERRIDES...]] # LongBench-style, contexts to 8K, resumable
 #   bash scripts/h200_llm.sh dryrun SECONDS                 # Llama-3.1-8B-shaped random model at 104K tokens
 #   bash scripts/h200_llm.sh parallel SECONDS JOBFILE       # every line "STAGE MODEL [OVERRIDES...]" of JOBFILE
 #                                                           # as its own process, all sharing the GPU
@@ -62,6 +63,8 @@ case $stage in
     run experiment=needle $MODEL scale=gpu "${NEEDLE_METHODS[@]}" ;;
   ablation)
     run experiment=kv_ablation $MODEL scale=gpu ;;
+  longbench) # LongBench-style (embedded data) at contexts to 8K, 13 datasets x 40 samples
+    run experiment=longbench $MODEL scale=gpu ;;
   ruler)    # needs nltk, wonderwords, tenacity and llama-index-core==0.14.25 (punkt_tab) among the wheels
     run experiment=ruler $MODEL scale=gpu ;;
   dryrun)   # one cell per method at 104K tokens: seconds and GPU memory of model=llama31_8b scale=paper

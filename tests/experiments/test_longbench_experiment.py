@@ -64,6 +64,7 @@ def cfg():
         "~experiment.methods.kivi_5bit",
         "~experiment.methods.polarquant",
         "~experiment.methods.turboquant_2p5_window",
+        "~experiment.methods.turboquant_3p5_window_centered",
         "experiment.methods.turboquant_3p5_window.options.residual_length=0",  # fixture prompts < 128 tokens
     ]
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
