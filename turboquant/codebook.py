@@ -40,7 +40,7 @@ from scipy import linalg, special, stats
 
 from ._validation import check_choice, check_int
 
-__all__ = ["Codebook", "lloyd_max_codebook", "SUPPORTED_DENSITIES", "MAX_BITS"]
+__all__ = ["Codebook", "lloyd_max_codebook", "symmetric_codebook", "SUPPORTED_DENSITIES", "MAX_BITS"]
 
 SUPPORTED_DENSITIES = ("exact", "gaussian")
 MAX_BITS = 8
@@ -283,3 +283,17 @@ def _cached_codebook(dim: int, bits: int, density: str) -> Codebook:
     codebook = Codebook(dim, bits, density, *_solve_lloyd_max(dim, bits, density))
     _write_stored(path, codebook)
     return codebook
+
+
+def symmetric_codebook(centroids: torch.Tensor) -> bool:
+    """True when ``centroids`` are sorted and symmetric in fp16, ``c[2^b - 1 - i] == -c[i]`` (the Lloyd-Max
+    codebook): what the register decoders assume. Reads the table back to the host: call it once per codebook
+    (``turboquant.kernels.decode_attention.format.CacheFormat.build`` does), never inside a CUDA-graph
+    capture."""
+    if centroids.numel() <= 1:
+        return True
+    if centroids.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError("symmetric_codebook reads the codebook back to the host, which a CUDA-graph capture "
+                         "cannot: build the cache format before capturing")
+    table = centroids.detach().to("cpu", torch.float16).flatten()
+    return torch.equal(table, -table.flip(0)) and bool((table[1:] > table[:-1]).all())

@@ -31,18 +31,14 @@ import triton.language as tl
 DECODERS = ("table", "select", "prmt")
 
 
-def check_decoder(decoder: str, centroids: torch.Tensor | None = None) -> None:
-    """ValueError unless ``decoder`` is one of :data:`DECODERS` and, for a register decoder, ``centroids`` (when
-    given) are sorted and symmetric, ``c[2^b - 1 - i] == -c[i]`` in fp16 (what the kernels store)."""
+def check_decoder(decoder: str, symmetric: bool) -> None:
+    """ValueError unless ``decoder`` is one of :data:`DECODERS` and, for a register decoder, the codebooks are
+    ``symmetric`` (:func:`turboquant.codebook.symmetric_codebook`)."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
-    if decoder != "table" and centroids is not None and centroids.numel() > 1:
-        if centroids.is_cuda and torch.cuda.is_current_stream_capturing():
-            return  # a CUDA-graph capture cannot read the table back; the eager launch before it has checked it
-        table = centroids.detach().to("cpu", torch.float16).flatten()
-        if not torch.equal(table, -table.flip(0)) or not bool((table[1:] > table[:-1]).all()):
-            raise ValueError(f"decoder {decoder!r} needs a sorted symmetric codebook (c[2^b-1-i] = -c[i], the "
-                             f"Lloyd-Max codebook); got {table.tolist()}; use decoder='table'")
+    if decoder != "table" and not symmetric:
+        raise ValueError(f"decoder {decoder!r} needs sorted symmetric codebooks (c[2^b-1-i] = -c[i], the Lloyd-Max "
+                         "codebook); this one is not: use decoder='table'")
 
 
 @triton.jit

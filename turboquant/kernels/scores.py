@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..codebook import symmetric_codebook
 from ._decode import check_decoder, code_values, nibble_pair_values
 from ._layout import (
     check_device,
@@ -135,7 +136,7 @@ def mse_scores_triton(
             symmetric Lloyd-Max codebook.
     """
     _check(q_rot, codes, norms, centroids, bits)
-    check_decoder(decoder, centroids)
+    check_decoder(decoder, decoder == "table" or symmetric_codebook(centroids))
     check_device(q_rot.device)
     batch, n_queries, dim = q_rot.shape
     n_keys = codes.shape[1]

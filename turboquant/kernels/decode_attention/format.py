@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ...codebook import symmetric_codebook
 from .._layout import SUPPORTED_BITS, group_geometry, num_groups, packed_row_bytes, pow2_at_least
 
 MAX_CHANNEL_GROUPS = 2
@@ -74,7 +75,7 @@ class CacheFormat:
 
     ``query_map`` (head_dim, L) float32 maps the query in key channel order to every key stage's query in stream
     order; ``value_rotation`` (head_dim, head_dim) is ``blockdiag(Pi_V0, Pi_V1)`` (``o_P = o_rot @ it``); ``tables``
-    are the fp16 codebooks; ``meta`` the kernel's compile-time geometry: ``K_SPLIT`` / ``V_SPLIT`` (two channel
+    are the fp16 codebooks (``symmetric``: all sorted and symmetric, read once here); ``meta`` the kernel's compile-time geometry: ``K_SPLIT`` / ``V_SPLIT`` (two channel
     groups) and ``K0``, ``K1``, ``V0``, ``V1``, each group's :class:`KeyGeometry` / :class:`ValueGeometry` as a tuple.
     """
 
@@ -85,6 +86,7 @@ class CacheFormat:
     value_tables: tuple[torch.Tensor, ...]
     value_rotation: torch.Tensor
     meta: dict[str, Any]
+    symmetric: bool  # every codebook sorted and symmetric: the register decoders apply (``_decode``)
 
     @property
     def head_dim(self) -> int:
@@ -122,8 +124,9 @@ class CacheFormat:
             return centroids.to(device=device, dtype=torch.float16).contiguous()
 
         value_rotation = _block_diag([g.rotation.to(device, torch.float32) for g in value_groups]).contiguous()
+        symmetric = all(symmetric_codebook(g.centroids) for g in (*key_groups, *value_groups) if g.bits)
         return cls(key_groups, value_groups, _block_diag(blocks), tuple(map(table, key_groups)),
-                   tuple(map(table, value_groups)), value_rotation, meta)
+                   tuple(map(table, value_groups)), value_rotation, meta, symmetric)
 
 
 def _block_diag(blocks: list[torch.Tensor]) -> torch.Tensor:
