@@ -218,22 +218,25 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     provenance = dict(store.provenance().get("datasets", {}))
     all_units = []
     for name, dataset_cfg in _data_specs(cfg):
-        units = [
-            {"data": name, "dataset_config_id": config_hash(dataset_cfg), "n_base": int(sizes.n_base),
-             "n_queries": int(sizes.n_queries), "method": method, "rotation": options.get("rotation", ""),
-             "backend": options.get("backend", ""), "device": options.get("device", "cpu")}
-            for method, options in _method_runs(cfg)
-        ]
-        all_units += units
-        todo = [(u, o) for u, (_, o) in zip(units, _method_runs(cfg)) if not store.is_done(u)]
-        if not todo:
-            continue
-        data = load_ann_dataset(name, dataset_cfg, int(sizes.n_base), int(sizes.n_queries), int(cfg.seed), bool(exp.normalize))
-        provenance[name] = data.provenance()
-        store.record_provenance(datasets=provenance, machine=machine,
-                                description="; ".join(p["description"] for p in provenance.values()))
-        truth = exact_top1(data)
-        for unit, options in tqdm(todo, desc=f"ann_indexing_time {name}"):
+        options_of = {}
+        for method, options in _method_runs(cfg):
+            unit = {"data": name, "dataset_config_id": config_hash(dataset_cfg), "n_base": int(sizes.n_base),
+                    "n_queries": int(sizes.n_queries), "method": method, "rotation": options.get("rotation", ""),
+                    "backend": options.get("backend", ""), "device": options.get("device", "cpu")}
+            options_of[_unit_key(unit)] = options
+            all_units.append(unit)
+
+        def prepare(_missing: list[dict[str, Any]]) -> tuple[Any, Any]:  # called within this iteration
+            data = load_ann_dataset(name, dataset_cfg, int(sizes.n_base), int(sizes.n_queries), int(cfg.seed),
+                                    bool(exp.normalize))
+            provenance[name] = data.provenance()
+            store.record_provenance(datasets=provenance, machine=machine,
+                                    description="; ".join(p["description"] for p in provenance.values()))
+            return data, exact_top1(data)
+
+        def compute(unit: dict[str, Any], prepared: tuple[Any, Any]) -> list[dict[str, Any]]:
+            data, truth = prepared
+            options = options_of[_unit_key(unit)]
             builds, built = _timed_builds(unit["method"], bits, data, options, int(exp.repeats), float(exp.cheap_s))
             encoder = built.index.encoder if isinstance(built.index, TurboQuantIndex) else "faiss"
             on_gpu = unit["device"] != "cpu"
@@ -256,8 +259,16 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
                 for row in _throughput(index, data.queries, int(exp.search_k), index_batches, truth,
                                        int(exp.search_repeats)):
                     rows.append({**row, "scorer": scorer, "load_average": os.getloadavg()[0], **common})
-            store.save_unit(unit, rows)
+            return rows
+
+        store.run_units([u for u in all_units if u["data"] == name], compute, prepare=prepare,
+                        progress=f"ann_indexing_time {name}")
     return store.frame(units=all_units)
+
+
+def _unit_key(unit: dict[str, Any]) -> tuple[str, str, str, str]:
+    """What tells a unit's method run apart (its options beyond these are the config's)."""
+    return unit["method"], unit["rotation"], unit["backend"], unit["device"]
 
 
 def _label(method: str, rotation: str, encoder: str = "", backend: str = "", gpu: str = "") -> str:

@@ -382,7 +382,7 @@ class ResultStore:
 
     def run_units(self, units: Sequence[Mapping[str, Any]], compute: Callable[..., Any], *,
                   prepare: Callable[[list[Mapping[str, Any]]], Any] | None = None,
-                  batches: Callable[[list[Mapping[str, Any]]], list[list[Mapping[str, Any]]]] | None = None,
+                  batches: Callable[[list[Mapping[str, Any]], Any], list[list[Mapping[str, Any]]]] | None = None,
                   progress: str | Callable[[Any], str] = "units") -> pd.DataFrame:
         """The unit loop of every experiment: compute the units of ``units`` that are not stored yet, in order,
         storing each as soon as it is computed (a killed run resumes at the first missing unit); return the rows
@@ -390,15 +390,15 @@ class ResultStore:
 
         ``prepare(missing)`` runs once, before the first missing unit and only when one is missing (load the data
         or the model, record provenance); what it returns is handed to every ``compute``. ``compute(unit,
-        prepared)`` returns the unit's rows. With ``batches``, which groups the missing units into batches
-        computed together (prompts of one generation), ``compute(batch, prepared)`` returns one list of rows per
+        prepared)`` returns the unit's rows. With ``batches(missing, prepared)``, which groups the missing units into
+        batches computed together (prompts of one generation), ``compute(batch, prepared)`` returns one list of rows per
         unit of the batch, or None when the batch failed and is left missing (the caller says why). ``progress``
         labels the progress bar (a callable gets what ``prepare`` returned).
         """
         missing = [unit for unit in units if not self.is_done(unit)]
         if missing:
             prepared = prepare(missing) if prepare is not None else None
-            groups = batches(missing) if batches is not None else missing
+            groups = batches(missing, prepared) if batches is not None else missing
             for group in tqdm(groups, desc=progress(prepared) if callable(progress) else progress, unit="unit"):
                 if batches is None:
                     self.save_unit(group, compute(group, prepared))

@@ -3,7 +3,7 @@
     python scripts/check_identical_results.py                  # base = merge base of HEAD and main
     python scripts/check_identical_results.py --base <commit> --experiments distortion ann_recall
     python scripts/check_identical_results.py --experiments kernels      # the kernel benchmark's checks (CPU)
-    python scripts/check_identical_results.py --experiments needle longbench kv_ablation   # the LLM experiments
+    python scripts/check_identical_results.py --experiments needle longbench kv_ablation ruler   # the LLM experiments
 
 The LLM experiments (:data:`LLM_EXPERIMENTS`) run at ``scale=smoke`` on the CPU with a tiny random Llama (6 layers,
 head_dim 64, a byte-level BPE tokenizer) written once by the head commit's ``tests.experiments.llm_fixtures`` and
@@ -58,9 +58,10 @@ RUNS: dict[str, tuple[list[str], dict]] = {
     "needle": (["scale=smoke", "experiment.generation.max_new_tokens=4"], {"model": "TINY_LLAMA"}),
     "kv_ablation": (["scale=smoke", "experiment.generation.max_new_tokens=4"], {"model": "TINY_LLAMA"}),
     "longbench": (["scale=smoke"], {"model": "TINY_LLAMA"}),
+    "ruler": (["scale=smoke", "experiment.sizes.smoke.tasks=[fwe]"], {"model": "TINY_LLAMA"}),  # a quick generator
 }
 EMBEDDING_EXPERIMENTS = ["distortion", "ip_histogram", "ip_variance", "ann_recall", "ann_indexing_time"]
-LLM_EXPERIMENTS = ["needle", "longbench", "kv_ablation"]
+LLM_EXPERIMENTS = ["needle", "longbench", "kv_ablation", "ruler"]
 _TINY_LLAMA = """
 import sys
 from pathlib import Path

@@ -166,7 +166,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     run_of = {(method.key, method.identity()): (method, seed) for method, seed in runs}
     failures: dict[str, str] = {}  # method key -> what went wrong
 
-    def batches(missing: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    def batches(missing: list[dict[str, Any]], _prepared: Any) -> list[list[dict[str, Any]]]:
         """The missing depths of one (method, seed, context), ``batch_size`` at a time."""
         groups = itertools.groupby(missing, key=lambda unit: (unit["method"], unit["method_options"], unit["context"]))
         return [cells[i:i + batch_size] for _, group in groups for cells in [list(group)]

@@ -110,19 +110,12 @@ def _units(cfg: Any, runs: list[tuple[KVMethod, int | None]]) -> list[dict[str, 
 def stored_frame(cfg: Any, store: ResultStore) -> pd.DataFrame:
     """The stored samples of the configured grid and methods (labels from the config), computing nothing."""
     methods = kv_methods(cfg)
-    return with_current_labels(store.frame(_units(cfg, _method_runs(methods, ruler_sizes(cfg).method_seeds))), methods)
+    units = _units(cfg, _method_runs(methods, ruler_sizes(cfg).method_seeds))
+    return with_current_labels(store.frame(units), methods)
 
 
 def _max_new_tokens(task: RulerTask, cap: int | None) -> int:
     return min(task.tokens_to_generate, cap) if cap else task.tokens_to_generate
-
-
-def _batches(samples: list[RulerSample], lengths: dict[int, int], size: int) -> list[list[RulerSample]]:
-    """``samples`` grouped by prompt length (a batch holds prompts of one length), at most ``size`` each."""
-    by_length: dict[int, list[RulerSample]] = {}
-    for sample in samples:
-        by_length.setdefault(lengths[sample.index], []).append(sample)
-    return [group[i:i + size] for group in by_length.values() for i in range(0, len(group), size)]
 
 
 def _rows(loaded: LoadedModel, method: KVMethod, seed: int | None, task: RulerTask, batch: list[RulerSample],
@@ -173,45 +166,63 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         raise ValueError(f"context {max(sizes.contexts)} exceeds the model's {spec.max_context}-token window")
     methods = kv_methods(cfg)
     runs = _method_runs(methods, sizes.method_seeds)
+    run_of = {(method.key, method.identity()): (method, seed) for method, seed in runs}
     cap = sizes.max_new_tokens_cap
     units = _units(cfg, runs)
-    needed = [(tasks[t], c) for c in sizes.contexts for t in sizes.tasks
-              if any(not store.is_done(unit_of(m, t, c, i, cap)) for i in range(sizes.samples) for m, _ in runs)]
-    failures: dict[str, str] = {}
-    if needed:
+    failures: dict[str, str] = {}  # a method (or a sample set) -> what went wrong
+
+    def prepare(missing: list[dict[str, Any]]) -> tuple[LoadedModel, dict[tuple[str, int], dict[int, RulerSample]],
+                                                        dict[tuple[str, int], dict[int, list[int]]]]:
+        """The model, the samples of every (task, context) with a missing unit, and their token ids."""
         torch.manual_seed(int(cfg.seed))
         loaded = load_model(spec, device=cfg.scale.device)
         store.record_provenance(**_describe(loaded))
+        needed = list(dict.fromkeys((unit["task"], unit["context"]) for unit in missing))
         sample_sets, failed = generate_sample_sets(
-            needed, loaded.tokenizer, num_samples=sizes.samples, random_seed=int(cfg.experiment.random_seed),
-            system=str(cfg.experiment.system), cache_dir=cache_root() / "ruler_samples" / spec.name,
+            [(tasks[t], c) for t, c in needed], loaded.tokenizer, num_samples=sizes.samples,
+            random_seed=int(cfg.experiment.random_seed), system=str(cfg.experiment.system),
+            cache_dir=cache_root() / "ruler_samples" / spec.name,
             timeout_s=float(cfg.experiment.generation_timeout_s), workers=_workers())
-        failures.update({f"{name} at {context}": f"sample generation: {why}" for (name, context), why in failed.items()})
         for (name, context), why in failed.items():
+            failures[f"{name} at {context}"] = f"sample generation: {why}"
             tqdm.write(f"ruler: {name} at {context} tokens skipped: {why}")
-        work = []
-        for task, context in needed:
-            samples = sample_sets.get((task.name, context))
-            if samples is None:
-                continue
-            ids = {s.index: loaded.tokenizer(s.text, add_special_tokens=False)["input_ids"] for s in samples}
-            lengths = {index: len(tokens) for index, tokens in ids.items()}
-            for method, seed in runs:
-                pending = [s for s in samples if not store.is_done(unit_of(method, task.name, context, s.index, cap))]
-                work += [(task, context, method, seed, batch, ids)
-                         for batch in _batches(pending, lengths, sizes.batch_size)]
-        for task, context, method, seed, batch, ids in tqdm(work, desc="ruler batches"):
-            key = f"{method.key} (seed {seed})"
-            if key in failures:
-                continue  # this method already failed: its other batches would fail the same way
-            try:
-                rows = _rows(loaded, method, seed, task, batch, ids, _max_new_tokens(task, cap))
-            except (RuntimeError, ValueError) as error:  # the other methods' samples are still worth computing
-                failures[key] = f"{task.name} at {context}: {type(error).__name__}: {error}"
-                tqdm.write(f"ruler: {key}: {failures[key]}")
-                continue
-            for sample, row in zip(batch, rows):
-                store.save_unit(unit_of(method, task.name, context, sample.index, cap), [row])
+        samples = {key: {s.index: s for s in found} for key, found in sample_sets.items()}
+        tokens = loaded.tokenizer
+        ids = {key: {index: tokens(s.text, add_special_tokens=False)["input_ids"] for index, s in found.items()}
+               for key, found in samples.items()}
+        return loaded, samples, ids
+
+    def batches(missing: list[dict[str, Any]], prepared: Any) -> list[list[dict[str, Any]]]:
+        """The missing samples of one (task, context, method run) whose prompts have one length, ``batch_size``
+        at a time, in the units' order; a (task, context) whose samples failed to generate is left missing."""
+        _, samples, ids = prepared
+        groups: dict[tuple[Any, ...], dict[int, list[dict[str, Any]]]] = {}
+        for unit in missing:
+            key = (unit["task"], unit["context"])
+            if key in samples:
+                length = len(ids[key][unit["sample"]])
+                run_key = (*key, unit["method"], unit["method_options"])
+                groups.setdefault(run_key, {}).setdefault(length, []).append(unit)
+        return [group[i:i + sizes.batch_size] for by_length in groups.values() for group in by_length.values()
+                for i in range(0, len(group), sizes.batch_size)]
+
+    def compute(batch: list[dict[str, Any]], prepared: Any) -> list[list[dict[str, Any]]] | None:
+        loaded, samples, ids = prepared
+        task, context = tasks[batch[0]["task"]], batch[0]["context"]
+        method, seed = run_of[(batch[0]["method"], batch[0]["method_options"])]
+        key = f"{method.key} (seed {seed})"
+        if key in failures:
+            return None  # this method already failed: its other batches would fail the same way
+        try:
+            rows = _rows(loaded, method, seed, task, [samples[(task.name, context)][u["sample"]] for u in batch],
+                         ids[(task.name, context)], _max_new_tokens(task, cap))
+        except (RuntimeError, ValueError) as error:  # the other methods' samples are still worth computing
+            failures[key] = f"{task.name} at {context}: {type(error).__name__}: {error}"
+            tqdm.write(f"ruler: {key}: {failures[key]}")
+            return None
+        return [[row] for row in rows]
+
+    store.run_units(units, compute, prepare=prepare, batches=batches, progress="ruler batches")
     store.record_provenance(unit_ids=[store.unit_id(unit) for unit in units])
     frame = with_current_labels(store.frame(units), methods)
     if not frame.empty:

@@ -66,12 +66,13 @@ def test_run_units_in_batches_leaves_a_failed_batch_missing(tmp_path: Path) -> N
         seen.append([u["k"] for u in batch])
         return None if batch[0]["k"] == 2 else [[{"value": u["k"]}] for u in batch]
 
-    frame = store.run_units(units, compute, batches=lambda missing: [missing[i:i + 2] for i in range(0, len(missing), 2)])
+    frame = store.run_units(units, compute,
+                            batches=lambda missing, _: [missing[i:i + 2] for i in range(0, len(missing), 2)])
     assert seen == [[0, 1], [2, 3], [4]]
     assert sorted(frame["k"]) == [0, 1, 4]
     assert not store.is_done(units[2]) and not store.is_done(units[3])
     with pytest.raises(ValueError, match="a batch of 2 units gave rows for 1"):
-        store.run_units(units, lambda batch, _: [[{"value": 0}]], batches=lambda missing: [missing])
+        store.run_units(units, lambda batch, _: [[{"value": 0}]], batches=lambda missing, _: [missing])
 
 
 def _save_units(directory: str, worker: int, count: int) -> None:
