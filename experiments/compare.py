@@ -55,6 +55,8 @@ __all__ = [
     "load_paper_numbers",
     "load_runs",
     "compare",
+    "Agreement",
+    "agreement",
     "render_markdown",
 ]
 
@@ -424,6 +426,46 @@ def compare(numbers: PaperNumbers, runs: Sequence[ExperimentRun]) -> list[Compar
                 reason = f"the committed runs ({labels}) do not cover this setting"
         comparisons.append(Comparison(number, values, reason))
     return comparisons
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """One paper number's value from a fresh run beside the committed run of the same setting."""
+
+    id: str
+    run: str
+    committed: float
+    fresh: float
+    allowed: float  # the paper number's own tolerance around our value, widened to 2 combined SE when known
+    agrees: bool
+
+
+def _setting(run: ExperimentRun) -> tuple[str, str, str, str]:
+    """What makes two runs the same measurement: experiment, scale, data set and model (a config that gained
+    an unrelated key, e.g. a new scale, has a new config id but measures the same thing)."""
+    def name(group: str) -> str:
+        node = run.config.get(group)
+        return str(node.get("name", "")) if isinstance(node, Mapping) else ""
+    return run.experiment, run.scale, name("dataset"), name("model")
+
+
+def agreement(committed: Sequence[Comparison], fresh: Sequence[Comparison]) -> list[Agreement]:
+    """Every value a fresh run reproduces that a committed run of the same setting (:func:`_setting`) reproduces too,
+    with whether they agree: ``|fresh - committed| <= max(tolerance slack at the paper's value,
+    2 sqrt(se_fresh^2 + se_committed^2))``. A verdict that a rerun would change is not a verdict."""
+    stored = {(c.paper.id, *_setting(r.run)): r for c in committed for r in c.values}
+    out = []
+    for comparison in fresh:
+        for value in comparison.values:
+            old = stored.get((comparison.paper.id, *_setting(value.run)))
+            if old is None or not (math.isfinite(old.value) and math.isfinite(value.value)):
+                continue
+            ses = [se for se in (old.se, value.se) if se is not None and math.isfinite(se)]
+            allowed = max(comparison.paper.tolerance.slack(comparison.paper.value),
+                          2 * math.sqrt(sum(se * se for se in ses)) if len(ses) == 2 else 0.0)
+            out.append(Agreement(comparison.paper.id, value.run.label, old.value, value.value, allowed,
+                                 abs(value.value - old.value) <= allowed))
+    return out
 
 
 # --------------------------------------------------------------------------- report

@@ -231,3 +231,24 @@ def test_the_committed_comparison_is_current() -> None:
     """results/comparison.md is what `make check` writes from the committed results: regenerate and commit it
     whenever results/, experiments/paper_numbers.yaml or a paper_comparison changes."""
     assert load_script().main(["--stale"]) == 0, "results/comparison.md is stale: run `make check` and commit it"
+
+
+def test_a_fresh_run_agrees_with_the_committed_one_of_the_same_setting() -> None:
+    from experiments.compare import agreement
+
+    def run(config_id: str, scale: str) -> ExperimentRun:
+        return ExperimentRun("needle", "needle", config_id, None, {"scale": {"name": scale}, "model": {"name": "m"}},
+                             {}, GridCoverage())  # type: ignore[arg-type]
+
+    number = _number(absolute=0.05)
+    committed = [Comparison(number, (Reproduced(0.90, run("old", "quick")), Reproduced(0.5, run("o2", "gpu"))))]
+    close = [Comparison(number, (Reproduced(0.93, run("new", "quick")),))]  # another config id, the same setting
+    far = [Comparison(number, (Reproduced(0.80, run("new", "quick"), se=0.02),))]
+    (row,) = agreement(committed, close)
+    assert row.agrees and row.committed == 0.90 and row.allowed == pytest.approx(0.05)
+    (row,) = agreement(committed, far)
+    assert not row.agrees  # 0.10 apart; one side has no SE, so the tolerance alone decides
+    both_se = [Comparison(number, (Reproduced(0.90, run("old", "quick"), se=0.05),))]
+    (row,) = agreement(both_se, far)
+    assert row.agrees and row.allowed == pytest.approx(2 * math.sqrt(0.05 ** 2 + 0.02 ** 2))
+    assert agreement(committed, [Comparison(number, (Reproduced(0.9, run("x", "smoke")),))]) == []
