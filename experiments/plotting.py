@@ -96,7 +96,7 @@ def save_figure(
     directory.mkdir(parents=True, exist_ok=True)
     stem = _safe_name(name)
     paths = [directory / f"{stem}.png", directory / f"{stem}.pdf"]
-    for path in paths:
-        fig.savefig(path)
+    for path in paths:  # no creation date in the PDF: the same rows give the same bytes (make check rebuilds some)
+        fig.savefig(path, metadata={"CreationDate": None} if path.suffix == ".pdf" else None)
     plt.close(fig)
     return paths
