@@ -288,7 +288,7 @@ def _cached_codebook(dim: int, bits: int, density: str) -> Codebook:
 def symmetric_codebook(centroids: torch.Tensor) -> bool:
     """True when ``centroids`` are sorted and symmetric in fp16, ``c[2^b - 1 - i] == -c[i]`` (the Lloyd-Max
     codebook): what the register decoders assume. Reads the table back to the host: call it once per codebook
-    (``turboquant.kernels.decode_attention.format.CacheFormat.build`` does), never inside a CUDA-graph
+    (``turboquant.kernels.decode_attention.format.CacheFormat.symmetric`` does), never inside a CUDA-graph
     capture."""
     if centroids.numel() <= 1:
         return True

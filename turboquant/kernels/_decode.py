@@ -24,6 +24,8 @@ is symmetric to the last bit (``lloyd_max_codebook``).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -31,12 +33,13 @@ import triton.language as tl
 DECODERS = ("table", "select", "prmt")
 
 
-def check_decoder(decoder: str, symmetric: bool) -> None:
-    """ValueError unless ``decoder`` is one of :data:`DECODERS` and, for a register decoder, the codebooks are
-    ``symmetric`` (:func:`turboquant.codebook.symmetric_codebook`)."""
+def check_decoder(decoder: str, symmetric: Callable[[], bool]) -> None:
+    """ValueError unless ``decoder`` is one of :data:`DECODERS` and, for a register decoder, ``symmetric()`` says
+    the codebooks are sorted and symmetric (:func:`turboquant.codebook.symmetric_codebook`; only asked then, since
+    it may read the codebook back from the device)."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
-    if decoder != "table" and not symmetric:
+    if decoder != "table" and not symmetric():
         raise ValueError(f"decoder {decoder!r} needs sorted symmetric codebooks (c[2^b-1-i] = -c[i], the Lloyd-Max "
                          "codebook); this one is not: use decoder='table'")
 

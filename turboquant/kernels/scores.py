@@ -136,7 +136,7 @@ def mse_scores_triton(
             symmetric Lloyd-Max codebook.
     """
     _check(q_rot, codes, norms, centroids, bits)
-    check_decoder(decoder, decoder == "table" or symmetric_codebook(centroids))
+    check_decoder(decoder, lambda: symmetric_codebook(centroids))
     check_device(q_rot.device)
     batch, n_queries, dim = q_rot.shape
     n_keys = codes.shape[1]

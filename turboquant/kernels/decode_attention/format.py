@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import torch
@@ -75,7 +76,7 @@ class CacheFormat:
 
     ``query_map`` (head_dim, L) float32 maps the query in key channel order to every key stage's query in stream
     order; ``value_rotation`` (head_dim, head_dim) is ``blockdiag(Pi_V0, Pi_V1)`` (``o_P = o_rot @ it``); ``tables``
-    are the fp16 codebooks (``symmetric``: all sorted and symmetric, read once here); ``meta`` the kernel's compile-time geometry: ``K_SPLIT`` / ``V_SPLIT`` (two channel
+    are the fp16 codebooks; ``meta`` the kernel's compile-time geometry: ``K_SPLIT`` / ``V_SPLIT`` (two channel
     groups) and ``K0``, ``K1``, ``V0``, ``V1``, each group's :class:`KeyGeometry` / :class:`ValueGeometry` as a tuple.
     """
 
@@ -86,7 +87,12 @@ class CacheFormat:
     value_tables: tuple[torch.Tensor, ...]
     value_rotation: torch.Tensor
     meta: dict[str, Any]
-    symmetric: bool  # every codebook sorted and symmetric: the register decoders apply (``_decode``)
+
+    @cached_property
+    def symmetric(self) -> bool:
+        """Every codebook sorted and symmetric, so the register decoders apply (``_decode``): read back from the
+        device on first use only (a format built once serves every later launch and CUDA-graph replay)."""
+        return all(symmetric_codebook(table) for table in (*self.key_tables, *self.value_tables))
 
     @property
     def head_dim(self) -> int:
@@ -124,9 +130,8 @@ class CacheFormat:
             return centroids.to(device=device, dtype=torch.float16).contiguous()
 
         value_rotation = _block_diag([g.rotation.to(device, torch.float32) for g in value_groups]).contiguous()
-        symmetric = all(symmetric_codebook(g.centroids) for g in (*key_groups, *value_groups) if g.bits)
         return cls(key_groups, value_groups, _block_diag(blocks), tuple(map(table, key_groups)),
-                   tuple(map(table, value_groups)), value_rotation, meta, symmetric)
+                   tuple(map(table, value_groups)), value_rotation, meta)
 
 
 def _block_diag(blocks: list[torch.Tensor]) -> torch.Tensor:

@@ -106,7 +106,7 @@ def decode_attention_groups_triton(
     """
     check_inputs(q, keys, values, seq_lens, cache_format, key_permutation, value_permutation)
     check_device(q.device)
-    check_decoder(decoder, cache_format.symmetric)
+    check_decoder(decoder, lambda: cache_format.symmetric)
     if inner not in ("dot", "fma"):
         raise ValueError(f"inner must be 'dot' or 'fma', got {inner!r}")
     batch, n_heads, dim = q.shape
