@@ -218,13 +218,14 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     provenance = dict(store.provenance().get("datasets", {}))
     all_units = []
     for name, dataset_cfg in _data_specs(cfg):
-        options_of = {}
+        units, options_of = [], {}
         for method, options in _method_runs(cfg):
             unit = {"data": name, "dataset_config_id": config_hash(dataset_cfg), "n_base": int(sizes.n_base),
                     "n_queries": int(sizes.n_queries), "method": method, "rotation": options.get("rotation", ""),
                     "backend": options.get("backend", ""), "device": options.get("device", "cpu")}
             options_of[_unit_key(unit)] = options
-            all_units.append(unit)
+            units.append(unit)
+        all_units += units
 
         def prepare(_missing: list[dict[str, Any]]) -> tuple[Any, Any]:  # called within this iteration
             data = load_ann_dataset(name, dataset_cfg, int(sizes.n_base), int(sizes.n_queries), int(cfg.seed),
@@ -261,8 +262,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
                     rows.append({**row, "scorer": scorer, "load_average": os.getloadavg()[0], **common})
             return rows
 
-        store.run_units([u for u in all_units if u["data"] == name], compute, prepare=prepare,
-                        progress=f"ann_indexing_time {name}")
+        store.run_units(units, compute, prepare=prepare, progress=f"ann_indexing_time {name}")
     return store.frame(units=all_units)
 
 

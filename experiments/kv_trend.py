@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 
 from experiments.compare import ExperimentRun, load_runs
 from experiments.coverage import GridCoverage
-from experiments.needle.table import HANDLED_SCORE
+from experiments.needle.table import HANDLED_SCORE, handled_contexts
 from experiments.plotting import figure_style, save_figure
 
 __all__ = ["BENCHMARKS", "TREND_METHODS", "MIN_PAIRS", "paired_gap", "trend_table", "write_trend", "plot_trend"]
@@ -97,8 +97,7 @@ def trend_table(results_dir: str | Path) -> tuple[pd.DataFrame, GridCoverage]:
             frame = run.frame[run.frame["model"] == model]
             where = "every stored prompt"
             if benchmark == "needle":
-                full = frame[frame["method"] == FULL].groupby("context")["score"].mean()
-                handled = sorted(int(c) for c, mean in full.items() if mean >= HANDLED_SCORE)
+                handled = handled_contexts(frame)
                 frame = frame[frame["context"].isin(handled)]
                 where = f"contexts the full cache handles: {handled}"
             for method in TREND_METHODS:

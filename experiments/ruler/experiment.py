@@ -187,8 +187,8 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
             failures[f"{name} at {context}"] = f"sample generation: {why}"
             tqdm.write(f"ruler: {name} at {context} tokens skipped: {why}")
         samples = {key: {s.index: s for s in found} for key, found in sample_sets.items()}
-        tokens = loaded.tokenizer
-        ids = {key: {index: tokens(s.text, add_special_tokens=False)["input_ids"] for index, s in found.items()}
+        tokenize = loaded.tokenizer
+        ids = {key: {index: tokenize(s.text, add_special_tokens=False)["input_ids"] for index, s in found.items()}
                for key, found in samples.items()}
         return loaded, samples, ids
 

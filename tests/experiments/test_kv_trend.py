@@ -34,7 +34,7 @@ def _store(root: Path, experiment: str, model: str, parameters: int, rows: list[
 
 
 def test_trend_reads_needle_on_handled_contexts_and_ruler_on_every_prompt(tmp_path: Path) -> None:
-    needle = [{"method": m, "method_label": m, "context": c, "depth": d, "score": s}
+    needle = [{"method": m, "method_label": m, "paper_method": m, "context": c, "depth": d, "score": s}
               for c, full in ((4000, 1.0), (8000, 0.2)) for d in (0.0, 0.5, 1.0, 0.25, 0.75)
               for m, s in (("full", full), ("turboquant_3p5_window", 0.6 if d < 0.6 else 1.0))]
     _store(tmp_path, "needle", "small", 100, needle)
