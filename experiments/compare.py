@@ -39,7 +39,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from experiments.coverage import GridCoverage, grid_coverage
+from experiments.coverage import GridCoverage, frame_coverage
 from experiments.io import _ID_COLUMNS
 
 __all__ = [
@@ -249,10 +249,13 @@ def _run(source: str, frame: pd.DataFrame, record: Mapping[str, Any]) -> Experim
     provenance = dict(record.get("provenance") or {})
     rows.attrs["provenance"] = provenance
     rows.attrs["config_id"] = record["config_id"]
+    if "unit_ids" in provenance:  # the cells the run was asked for: one without rows makes the run partial
+        asked = set(provenance["unit_ids"])
+        rows.attrs["units"] = {"asked": len(asked), "missing": len(asked - set(rows["unit_id"]))}
     return ExperimentRun(
         experiment=str((config.get("experiment") or {}).get("name") or rows["experiment"].iloc[0]),
         source=source, config_id=str(record["config_id"]), frame=rows, config=config, provenance=provenance,
-        coverage=grid_coverage(config), updated=str(record.get("updated", "")),
+        coverage=frame_coverage(config, rows), updated=str(record.get("updated", "")),
     )
 
 

@@ -10,6 +10,9 @@ The *config's grid* of a run is what ``configs/experiment/<name>.yaml`` composes
 * a sample size is smaller: a number in the scale's ``sizes`` block, or a number whose key names a count
   (``n_*``, ``samples*``, ``seeds``, ``repeats``) anywhere in the node.
 
+A run is also reduced when its stored rows leave out units of its grid (a run cut short at a time limit and
+not resumed yet): :func:`frame_coverage` adds that to the config's reductions.
+
 Anything else (other sizes of other scales, a larger grid, a changed option such as a rotation or a
 chunk size) is not a reduction: a larger run still covers the grid, and a variant is told apart by its
 figure and result names. :func:`grid_coverage` takes a composed config or the resolved config a run
@@ -29,7 +32,8 @@ from typing import Any
 
 from experiments.io import config_to_dict
 
-__all__ = ["CONFIG_DIR", "GridCoverage", "Reduction", "default_experiment_config", "grid_coverage", "reductions"]
+__all__ = ["CONFIG_DIR", "GridCoverage", "Reduction", "default_experiment_config", "frame_coverage", "grid_coverage",
+           "reductions"]
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -138,3 +142,14 @@ def grid_coverage(config: Any) -> GridCoverage:
     except ValueError as err:
         return GridCoverage((Reduction("experiment", str(err)),))
     return GridCoverage(tuple(reductions(grid, experiment, "experiment", str(scale))))
+
+
+def frame_coverage(config: Any, frame: Any) -> GridCoverage:
+    """:func:`grid_coverage` of ``config``, plus the units of its grid that ``frame`` has no rows for (the
+    ``frame.attrs["units"]`` that :meth:`experiments.io.ResultStore.frame` sets when asked for units)."""
+    coverage = grid_coverage(config)
+    units = getattr(frame, "attrs", {}).get("units") or {}
+    if units.get("missing"):
+        stored = units["asked"] - units["missing"]
+        return GridCoverage((*coverage.reduced, Reduction("results", f"{stored} of {units['asked']} units stored")))
+    return coverage

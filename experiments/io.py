@@ -284,7 +284,9 @@ class ResultStore:
         return _short_hash({"config_id": self.config_id, "unit": dict(unit)})
 
     # ------------------------------------------------------------------ records
-    def _write_run_record(self, provenance: Mapping[str, Any] | None = None) -> None:
+    def _write_run_record(self, provenance: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None) -> None:
+        """Write this run's record; ``provenance(stored)`` gives the entries to add to the stored provenance (read
+        and written under the store's lock, so concurrent writers merge rather than overwrite)."""
         if self.read_only:
             raise ValueError(f"{self.run_path}: this store is read-only (it reads stored results, writes nothing)")
         with file_lock(self._lock_path):
@@ -293,15 +295,21 @@ class ResultStore:
                 record = _read_json(self.run_path)
             now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             record.setdefault("created", now)
+            # every distinct config that ran under this config_id (several processes may each run a subset of
+            # the methods or grid into one store; ``config`` alone would keep only the last writer's subset)
+            configs = record.get("configs", {})
+            configs.setdefault(_short_hash(self.config), {"first_written": now, "config": self.config})
             record.update(
                 experiment=self.experiment,
                 config_id=self.config_id,
                 updated=now,
                 result_config=self.result_config,
                 config=self.config,
+                configs=configs,
             )
             if provenance is not None:
-                record["provenance"] = {**record.get("provenance", {}), **dict(provenance)}
+                stored = record.get("provenance", {})
+                record["provenance"] = {**stored, **dict(provenance(stored))}
             _atomic_write_text(self.run_path, json.dumps(record, indent=2, sort_keys=True, default=str))
             _atomic_write_text(
                 self.directory / "config.json", json.dumps(self.config, indent=2, sort_keys=True, default=str)
@@ -309,7 +317,26 @@ class ResultStore:
 
     def record_provenance(self, **info: Any) -> None:
         """Store what was actually used (dataset description, substitution, model, versions) for this run."""
-        self._write_run_record(info)
+        self._write_run_record(lambda stored: info)
+
+    def record_units(self, units: Sequence[Mapping[str, Any]], versioned: Sequence[str] = ()) -> None:
+        """Record ``units`` as cells of this config's current grid (``provenance["unit_ids"]``, which the paper
+        comparisons count), merged with the cells earlier invocations recorded.
+
+        The merge is a union by *slot*, a unit without its ``versioned`` keys (e.g. ``method_options``,
+        ``protocol``): a new unit replaces a recorded one of the same slot (rows made with a method's earlier
+        options stop counting) and leaves the other slots recorded (a process that ran a subset of the methods
+        or contexts does not erase the others'). A record written before slots were kept is replaced whole.
+        """
+        slots = {self.unit_id(unit): _short_hash({k: v for k, v in unit.items() if k not in versioned})
+                 for unit in units}
+
+        def merged(stored: Mapping[str, Any]) -> dict[str, Any]:
+            new_slots = set(slots.values())
+            kept = {uid: slot for uid, slot in stored.get("unit_slots", {}).items() if slot not in new_slots}
+            return {"unit_ids": [*kept, *slots], "unit_slots": {**kept, **slots}}
+
+        self._write_run_record(merged)
 
     def provenance(self) -> dict[str, Any]:
         if not self.run_path.exists():
@@ -416,7 +443,8 @@ class ResultStore:
         """Rows of this run's config, optionally only those of ``units`` (``all_configs=True``: every row).
 
         ``frame.attrs["provenance"]`` carries :meth:`provenance` (what data/model was actually used), so
-        a ``plot(df, cfg, figures_dir)`` can title its figure with it.
+        a ``plot(df, cfg, figures_dir)`` can title its figure with it; with ``units``, ``frame.attrs["units"]``
+        says how many were asked and how many have no rows yet.
         """
         df = self._whole_rows(self._rows(), "left out until a run recomputes them")
         if all_configs:
@@ -424,9 +452,14 @@ class ResultStore:
                 raise ValueError("units select rows of this config; they cannot be combined with all_configs")
         else:
             df = df[df["config_id"] == self.config_id]
-            if units is not None:
-                df = df[df["unit_id"].isin({self.unit_id(unit) for unit in units})]
+        missing = None
+        if units is not None:
+            wanted = {self.unit_id(unit) for unit in units}
+            df = df[df["unit_id"].isin(wanted)]
+            missing = len(wanted - set(df["unit_id"]))
         df = df.reset_index(drop=True)
         df.attrs["provenance"] = self.provenance()
         df.attrs["config_id"] = self.config_id
+        if missing is not None:  # a run cut short: experiments.coverage.frame_coverage labels its tables "partial"
+            df.attrs["units"] = {"asked": len(wanted), "missing": missing}
         return df

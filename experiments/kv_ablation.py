@@ -27,6 +27,7 @@ import pandas as pd
 import yaml
 
 from experiments import needle
+from experiments.coverage import frame_coverage
 from experiments.io import ResultStore, config_to_dict
 from experiments.plotting import figure_style, figure_title, save_figure
 
@@ -80,13 +81,16 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
 
 
 def write_tables(df: pd.DataFrame, cfg: Any, directory: Path) -> None:
-    """``ablation_<model>.csv`` / ``.md`` and, when a row fits the budget, ``best_<model>.yaml``."""
+    """``ablation_<model>.csv`` / ``.md`` and, when a row fits the budget, ``best_<model>.yaml``; each named
+    ``*_partial`` when the rows leave out part of the config's grid (rows or seeds not run, a run cut short)."""
     budget = float(cfg.experiment.memory_ratio)
     table = ablation_table(df, budget, list(cfg.experiment.methods))
     model = str(df["model"].iloc[0])
-    table.to_csv(directory / f"ablation_{model}.csv", index=False)
+    coverage = frame_coverage(cfg, df)
+    table.to_csv(directory / f"{coverage.stem(f'ablation_{model}')}.csv", index=False)
     reference = table.set_index("method")["needle_score"].get(cfg.experiment.get("reference_row"), np.nan)
     lines = [f"# KV-cache ablation, model {df['model_label'].iloc[0]}", "",
+             *([] if coverage.full else [f"**Partial**: not the config's grid ({coverage.summary(limit=10)}).", ""]),
              f"contexts {sorted(int(c) for c in df['context'].unique())} x {df['depth'].nunique()} depths; budget "
              f"{budget:.0%} of the 16-bit cache at its peak; mean +- SE over rotation seeds "
              "(experiments/kv_ablation.py).", "",
@@ -107,9 +111,11 @@ def write_tables(df: pd.DataFrame, cfg: Any, directory: Path) -> None:
                   "cache": str(method["cache"]), "options": {**options, "seed": "${oc.select:seed,0}"}}
         header = (f"# Chosen by experiments/kv_ablation.py: the best row within {budget:.0%} peak memory on {model}\n"
                   f"# (needle {best['needle_score']:.3f}, peak {best['peak_memory_ratio']:.3f}).\n")
-        (directory / f"best_{model}.yaml").write_text(header + yaml.safe_dump(preset, sort_keys=False))
-        lines += ["", f"Best within the budget: **{best['label']}** (`best_{model}.yaml`)."]
-    (directory / f"ablation_{model}.md").write_text("\n".join(lines) + "\n")
+        best_name = f"{coverage.stem(f'best_{model}')}.yaml"
+        (directory / best_name).write_text(header + yaml.safe_dump(preset, sort_keys=False))
+        so_far = "" if coverage.full else " so far"
+        lines += ["", f"Best within the budget{so_far}: **{best['label']}** (`{best_name}`)."]
+    (directory / f"{coverage.stem(f'ablation_{model}')}.md").write_text("\n".join(lines) + "\n")
 
 
 def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
@@ -142,4 +148,4 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
         fig.suptitle(figure_title(f"KV-cache ablation, {contexts} x {df['depth'].nunique()} depths, at {budget:.0%} peak "
                                   "memory (hatched: over budget; dark: the 16-bit cache), mean ± SE over rotation seeds",
                                   provenance))
-        return save_figure(fig, figures_dir, f"kv_ablation_{cfg.model.name}")
+        return save_figure(fig, figures_dir, f"kv_ablation_{cfg.model.name}", frame_coverage(cfg, df))

@@ -392,17 +392,25 @@ def _cross_file_candidates() -> tuple[tuple[PythonFile, dict[str, PythonFile]], 
     return tuple((source, imported) for source, imported in pairs if imported)
 
 
+def _repobench_cuts(source: PythonFile, imported: dict[str, PythonFile]) -> list[int]:
+    """Lines (after the first 10) a completion may be asked for: code lines that use an imported name, else
+    (names imported but used only in import lines) any code line; empty for a file without one."""
+    code = [i for i in range(10, len(source.lines)) if _is_code_line(source.lines[i])]
+    using = [i for i in code if set(_WORD.findall(source.lines[i])) & set(imported)
+             and not source.lines[i].lstrip().startswith(("from ", "import "))]
+    return using or code
+
+
 def _build_repobench(seed: int, index: int, budget: int, count: TokenCounter) -> LongBenchSample:
-    source, imported = _pick(_cross_file_candidates(), seed, "repobench-p", index)
-    rng = _rng(seed, "repobench-p", index)
-    cuts = [
-        i for i, line in enumerate(source.lines)
-        if i >= 10 and _is_code_line(line) and set(_WORD.findall(line)) & set(imported)
-        and not line.lstrip().startswith(("from ", "import "))
-    ]
-    if not cuts:  # names imported but only used in import lines: fall back to any code line
-        cuts = [i for i in range(10, len(source.lines)) if _is_code_line(source.lines[i])]
-    cut = rng.choice(cuts)
+    pool = _cross_file_candidates()
+    for step in range(len(pool)):  # a file without a code line past line 10 (a stdlib's few) gives way to the next
+        source, imported = _pick(pool, seed, "repobench-p", index + step)
+        cuts = _repobench_cuts(source, imported)
+        if cuts:
+            break
+    else:
+        raise ValueError("repobench-p: no standard-library file has a code line past line 10 to complete")
+    cut = _rng(seed, "repobench-p", index).choice(cuts)
     used = set(_WORD.findall(source.lines[cut])) & set(imported)
     cross = []
     for module in {imported[name].relpath: imported[name] for name in sorted(used)}.values():

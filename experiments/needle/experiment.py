@@ -23,6 +23,9 @@ from experiments.needle.table import write_tables
 #: the peak (cells of protocol 1, string-cut prompts and steady-state budgets, are not reused).
 PROTOCOL = 2
 
+#: Unit keys whose new value replaces a recorded cell of the same slot (ResultStore.record_units).
+VERSIONED_KEYS = ("method_options", "protocol")
+
 #: What a cell's score depends on beyond its unit keys (method + its options, context, depth).
 RESULT_KEYS = ("experiment.name", "experiment.haystack", "experiment.task", "experiment.generation", "model", "seed")
 
@@ -219,8 +222,8 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
                     progress=f"needle batches (<= {batch_size} cells)")
     if _rescore(store, units, task.keywords):
         tqdm.write("needle: re-scored stored answers with the current scorer")
-    # the cells of this run's grid and methods: paper_comparison keeps only these rows of the config
-    store.record_provenance(unit_ids=[store.unit_id(unit) for unit in units])
+    # the cells of this run's grid and methods, merged with other invocations': paper_comparison counts these
+    store.record_units(units, versioned=VERSIONED_KEYS)
     frame = stored_frame(cfg, store)
     if not frame.empty:
         write_tables(frame, cfg, store.directory)

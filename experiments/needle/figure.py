@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import LinearSegmentedColormap
 
-from experiments.coverage import grid_coverage
+from experiments.coverage import frame_coverage
 from experiments.needle.table import context_label, method_order, seed_spread
 from experiments.plotting import figure_style, figure_title, save_figure
 
@@ -68,4 +68,4 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
                 provenance,
             )
         )
-        return save_figure(fig, figures_dir, f"fig4_needle_{cfg.model.name}", grid_coverage(cfg))
+        return save_figure(fig, figures_dir, f"fig4_needle_{cfg.model.name}", frame_coverage(cfg, df))

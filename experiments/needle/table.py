@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.coverage import grid_coverage
+from experiments.coverage import frame_coverage
 
 def method_order(df: pd.DataFrame, order: list[str] | None) -> list[str]:
     """The methods present in ``df``, in ``order`` (the config's) where given, else first appearance."""
@@ -73,7 +73,7 @@ def write_tables(df: pd.DataFrame, cfg: Any, directory: Path) -> list[Path]:
     """``summary_<model>.csv`` and ``.md`` in the experiment's results folder (one pair per model;
     ``summary_<model>_partial.*`` for a run that left out part of its config's grid)."""
     table = summary_table(df, list(cfg.experiment.methods))
-    coverage = grid_coverage(cfg)
+    coverage = frame_coverage(cfg, df)
     directory.mkdir(parents=True, exist_ok=True)
     stem = coverage.stem(f"summary_{df['model'].iloc[0]}")
     csv_path, md_path = directory / f"{stem}.csv", directory / f"{stem}.md"

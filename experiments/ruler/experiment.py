@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from experiments.coverage import grid_coverage
+from experiments.coverage import frame_coverage
 from experiments.data.cache import cache_root
 from experiments.io import ResultStore, experiment_sizes
 from experiments.kv_generation import KVMethod, generate_with_cache, kv_methods, with_current_labels
@@ -48,6 +48,9 @@ __all__ = ["RESULT_KEYS", "RulerSizes", "ruler_sizes", "unit_of", "run", "stored
 
 #: Version of the protocol, part of every unit.
 PROTOCOL = 1
+
+#: Unit keys whose new value replaces a recorded sample of the same slot (ResultStore.record_units).
+VERSIONED_KEYS = ("method_options", "protocol", "max_new_tokens_cap")
 
 #: What a sample's score depends on beyond its unit keys: the model, the generators' seed and chat turn.
 RESULT_KEYS = ("experiment.name", "experiment.random_seed", "experiment.system", "model", "seed")
@@ -223,7 +226,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         return [[row] for row in rows]
 
     store.run_units(units, compute, prepare=prepare, batches=batches, progress="ruler batches")
-    store.record_provenance(unit_ids=[store.unit_id(unit) for unit in units])
+    store.record_units(units, versioned=VERSIONED_KEYS)
     frame = with_current_labels(store.frame(units), methods)
     if not frame.empty:
         write_tables(frame, cfg, store.directory)
@@ -247,7 +250,7 @@ def write_tables(df: pd.DataFrame, cfg: Any, directory: Path) -> list[Path]:
     """``summary_<model>.csv`` (every task x context x method row) and ``.md`` (the task average per context
     and method, then each task); ``summary_<model>_partial.*`` for a run that left out part of its grid."""
     table = summary_table(df, list(cfg.experiment.methods), _reference(df))
-    stem = grid_coverage(cfg).stem(f"summary_{df['model'].iloc[0]}")
+    stem = frame_coverage(cfg, df).stem(f"summary_{df['model'].iloc[0]}")
     directory.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = directory / f"{stem}.csv", directory / f"{stem}.md"
     table.to_csv(csv_path, index=False)
@@ -309,4 +312,4 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: str | Path) -> list[Path]:
             fig.colorbar(image, ax=flat[1:len(methods) + 1], shrink=0.8, label="score")
         fig.suptitle(figure_title("RULER (nvidia-long-context-eval 26.3 generators and metric) with compressed KV "
                                   "caches", df.attrs.get("provenance", {})))
-        return save_figure(fig, figures_dir, f"ruler_{cfg.model.name}", grid_coverage(cfg))
+        return save_figure(fig, figures_dir, f"ruler_{cfg.model.name}", frame_coverage(cfg, df))

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 import run
 from experiments import needle
 from experiments.compare import PARTIAL, compare, load_paper_numbers, load_runs
-from experiments.coverage import CONFIG_DIR, grid_coverage
+from experiments.coverage import CONFIG_DIR, frame_coverage, grid_coverage
+from experiments.io import ResultStore, config_to_dict
 from experiments.data.haystack import Haystack
 from experiments.plotting import save_figure
 from tests.experiments.llm_fixtures import haystack_text, save_tiny_llama
@@ -53,6 +54,18 @@ def test_each_kind_of_reduction_is_named(overrides: list[str], path: str) -> Non
     coverage = grid_coverage(composed(*overrides))
     assert not coverage.full and [r.path for r in coverage.reduced] == [path]
     assert coverage.stem("fig") == "fig_partial" and coverage.title("t").startswith("PARTIAL RUN")
+
+
+def test_a_run_cut_short_is_partial_although_its_config_is_the_grid(tmp_path: Path) -> None:
+    cfg = composed("experiment=needle")
+    store = ResultStore(tmp_path, "needle", config_to_dict(cfg))
+    units = [{"cell": 0}, {"cell": 1}]
+    store.save_unit(units[0], [{"score": 1.0}])
+    cut_short = frame_coverage(cfg, store.frame(units))
+    assert grid_coverage(cfg).full and not cut_short.full
+    assert cut_short.stem("t") == "t_partial" and "1 of 2 units stored" in cut_short.summary()
+    store.save_unit(units[1], [{"score": 0.0}])
+    assert frame_coverage(cfg, store.frame(units)).full
 
 
 def test_an_experiment_without_a_config_has_no_grid_to_cover() -> None:

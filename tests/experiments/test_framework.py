@@ -105,6 +105,22 @@ def test_store_result_keys_keep_finished_units_when_the_sweep_grows(tmp_path: Pa
         ResultStore(tmp_path, "toy", CONFIG, ("no.such.key",))
 
 
+def test_store_merges_the_units_and_configs_of_processes_that_share_a_config(tmp_path: Path) -> None:
+    keys = ("dataset", "seed")
+    first = ResultStore(tmp_path, "toy", {**CONFIG, "only": ["a"]}, keys)  # two processes, one method each
+    second = ResultStore(tmp_path, "toy", {**CONFIG, "only": ["b"]}, keys)
+    unit = {m: {"method": m, "method_options": "x", "context": 1} for m in "ab"}
+    first.record_units([unit["a"]], versioned=("method_options",))
+    second.record_units([unit["b"]], versioned=("method_options",))
+    recorded = set(second.provenance()["unit_ids"])
+    assert recorded == {second.unit_id(unit["a"]), second.unit_id(unit["b"])}
+    record = json.loads(second.run_path.read_text())
+    assert sorted(c["config"]["only"] for c in record["configs"].values()) == [["a"], ["b"]]
+    changed = {**unit["a"], "method_options": "y"}  # method a's options changed: its old cell stops counting
+    first.record_units([changed], versioned=("method_options",))
+    assert set(first.provenance()["unit_ids"]) == {first.unit_id(changed), first.unit_id(unit["b"])}
+
+
 def test_store_rewrites_a_unit_whole_and_rejects_bad_input(tmp_path: Path) -> None:
     store = ResultStore(tmp_path, "toy", CONFIG)
     store.save_unit({"bits": 1}, [{"value": 1.0}])

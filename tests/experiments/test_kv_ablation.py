@@ -10,12 +10,12 @@ import yaml
 from omegaconf import OmegaConf
 
 from experiments import kv_ablation, needle
+from experiments.coverage import frame_coverage
 from experiments.data.haystack import Haystack
 from experiments.io import ResultStore
 from tests.experiments.llm_fixtures import haystack_text, save_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
-
 
 def test_ablation_rows_table_and_best_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(needle.experiment, "load_haystack",
@@ -41,13 +41,15 @@ def test_ablation_rows_table_and_best_preset(tmp_path: Path, monkeypatch: pytest
     })
     store = ResultStore(tmp_path / "results", "kv_ablation", cfg, result_keys=kv_ablation.RESULT_KEYS)
     df = kv_ablation.run(cfg, store)
-    table = pd.read_csv(store.directory / "ablation_tiny.csv")
+    stem = frame_coverage(cfg, df).stem  # three methods of the config's thirteen: the files say "partial"
+    assert stem("t") == "t_partial" and "**Partial**" in (store.directory / "ablation_tiny_partial.md").read_text()
+    table = pd.read_csv(store.directory / f"{stem('ablation_tiny')}.csv")
     assert list(table["method"]) == ["full", "paper", "wide"]
     assert list(table["seeds"]) == [1, 2, 2] and list(table["within_budget"]) == [False, True, False]
     assert table.loc[1, "peak_memory_ratio"] == pytest.approx(df[df["method"] == "paper"]["peak_memory_ratio"].max())
-    best = yaml.safe_load((store.directory / "best_tiny.yaml").read_text())
+    best = yaml.safe_load((store.directory / f"{stem('best_tiny')}.yaml").read_text())
     assert best["options"]["bits"] == 3 and best["options"]["seed"] == "${oc.select:seed,0}"
-    assert "Δ vs paper preset" in (store.directory / "ablation_tiny.md").read_text()
+    assert "Δ vs paper preset" in (store.directory / f"{stem('ablation_tiny')}.md").read_text()
     paths = kv_ablation.plot(df, cfg, tmp_path / "figures")
     assert all(p.stat().st_size > 0 for p in paths)
     assert kv_ablation.best_row(table.assign(within_budget=False)) is None

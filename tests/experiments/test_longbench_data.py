@@ -146,3 +146,21 @@ def test_build_rejects_bad_arguments():
         build_samples("narrativeqa", 1, [200], 0)
     with pytest.raises(ValueError, match="context_tokens"):
         build_samples("trec", 1, [10], 0)
+
+
+def test_repobench_skips_a_file_with_nothing_to_complete(monkeypatch):
+    """A standard-library file with no code line past line 10 (Python 3.12 ships some) must not end the build."""
+    from experiments.longbench import builders
+    from experiments.longbench.sources import PythonFile
+
+    helper = PythonFile("helper.py", ("def helper():", "    return 1"))
+    short = PythonFile("short.py", ("from helper import helper", "helper()"))
+    long = PythonFile("long.py", ("from helper import helper", *["# comment"] * 10, "value = helper()"))
+    monkeypatch.setattr(builders, "_cross_file_candidates", lambda: ((short, {"helper": helper}),
+                                                                        (long, {"helper": helper})))
+    words = lambda text: len(text.split())  # noqa: E731
+    for index in range(4):
+        assert builders._build_repobench(0, index, 200, words).answers == ("value = helper()",)
+    monkeypatch.setattr(builders, "_cross_file_candidates", lambda: ((short, {"helper": helper}),))
+    with pytest.raises(ValueError, match="no standard-library file"):
+        builders._build_repobench(0, 0, 200, words)
