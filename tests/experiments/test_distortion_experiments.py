@@ -44,9 +44,9 @@ def assert_outputs(outputs: run.RunOutputs, experiment: str, n_figures: int = 1)
 
 
 def test_distortion_matches_theory_and_bounds_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = tiny_config(tmp_path, "distortion", "experiment.bits=[1,2]")
+    cfg = tiny_config(tmp_path, "distortion", "experiment.bits=[1,2]", "experiment.quantizer_seeds=[0,1]")
     df = assert_outputs(run.run_experiment(cfg), "distortion")
-    assert len(df) == 4 and set(df["method"]) == {"mse", "prod"}
+    assert len(df) == 8 and set(df["method"]) == {"mse", "prod"} and set(df["quantizer_seed"]) == {0, 1}
     assert (df["n_pairs"] == N_BASE * N_QUERIES).all()
     for row in df.itertuples():
         if row.method == "mse":  # Theorem 1: codebook prediction, and between the bounds
@@ -55,9 +55,18 @@ def test_distortion_matches_theory_and_bounds_and_resumes(tmp_path: Path, monkey
         else:  # Theorem 2: d * D_prod = (pi/2) * D_mse(b-1), unbiased
             assert row.d_prod_times_d == pytest.approx(row.predicted_d_prod_times_d, rel=0.08)
             assert abs(row.mean_ip_error) < 4 * math.sqrt(row.d_prod / N_BASE)
-    ids = {item["id"] for item in distortion.paper_comparison(df)}
+    comparison = {item["id"]: item for item in distortion.paper_comparison(df)}
+    ids = set(comparison)
     assert ids == {f"distortion.{q}.b{b}" for q in ("d_mse", "d_prod_times_d") for b in (1, 2)}
+    prod_b1 = df[(df["method"] == "prod") & (df["bits"] == 1)]["d_prod_times_d"]  # the mean and SE over the 2 draws
+    assert comparison["distortion.d_prod_times_d.b1"]["value"] == pytest.approx(prod_b1.mean())
+    assert comparison["distortion.d_prod_times_d.b1"]["se"] == pytest.approx(prod_b1.std(ddof=1) / math.sqrt(2))
     assert ids <= {n.id for n in load_paper_numbers()}
+    summary = pd.read_csv(tmp_path / "results" / "distortion" / "summary_random_sphere_partial.csv")
+    qjl = summary[(summary["method"] == "prod") & (summary["bits"] == 1)].iloc[0]  # QJL on x: pi/2 - E<x,y>^2
+    ip_squared = df[(df["method"] == "prod") & (df["bits"] == 1)]["mean_squared_true_ip"].mean()
+    assert qjl["predicted_d_prod_times_d_these_queries"] == pytest.approx(math.pi / 2 - ip_squared)
+    assert ip_squared == pytest.approx(1 / DIM, rel=0.2)  # independent directions on the sphere: E<x,y>^2 = 1/d
 
     # resume: a finished unit is never measured again; a grown sweep measures only the new units
     measured: list[object] = []
@@ -69,10 +78,11 @@ def test_distortion_matches_theory_and_bounds_and_resumes(tmp_path: Path, monkey
 
     monkeypatch.setattr(distortion, "measure_distortion", counting)
     again = run.run_experiment(cfg)
-    assert measured == [] and again.n_rows == 4
-    grown = run.run_experiment(tiny_config(tmp_path, "distortion", "experiment.bits=[1,2,3]"))
-    assert len(measured) == 2 and grown.n_rows == 6
-    assert len(pd.read_csv(grown.results_csv)) == 6
+    assert measured == [] and again.n_rows == 8
+    grown = run.run_experiment(tiny_config(tmp_path, "distortion", "experiment.bits=[1,2,3]",
+                                           "experiment.quantizer_seeds=[0,1]"))
+    assert len(measured) == 4 and grown.n_rows == 12
+    assert len(pd.read_csv(grown.results_csv)) == 12
 
 
 def test_ip_histogram_streams_all_pairs(tmp_path: Path) -> None:
@@ -131,7 +141,8 @@ def test_bad_inputs_are_named(tmp_path: Path) -> None:
 
 
 def test_a_killed_run_resumes_from_its_finished_units(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = tiny_config(tmp_path, "distortion", "experiment.bits=[1,2]", "experiment.methods=[mse]")
+    cfg = tiny_config(tmp_path, "distortion", "experiment.bits=[1,2]", "experiment.methods=[mse]",
+                      "experiment.quantizer_seeds=[0]")
     original, calls = distortion.measure_distortion, []
 
     def dies_on_second_unit(quantizer, data, pair_chunk):

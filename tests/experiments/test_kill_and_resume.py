@@ -77,7 +77,8 @@ def test_distortion_killed_and_resumed(monkeypatch: pytest.MonkeyPatch, tmp_path
     check_kill_and_resume(monkeypatch, tmp_path, "distortion", distortion.run,
                           lambda root: tiny_config(root, "distortion", "experiment.bits=[1,2]",
                                                    "experiment.sizes.quick.n_base=300",
-                                                   "experiment.sizes.quick.n_queries=10"),
+                                                   "experiment.sizes.quick.n_queries=10",
+                                                   "experiment.quantizer_seeds=[0]"),
                           getattr(distortion, "RESULT_KEYS", None), units=4, kill_after=2)
 
 

@@ -19,7 +19,8 @@ REPO = Path(run.__file__).resolve().parent
 CONFIGS = REPO / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 TINY_DISTORTION = ["experiment=distortion", "dataset=random_sphere", "dataset.dim=16", "experiment.bits=[1]",
-                   "experiment.sizes.smoke.n_base=200", "experiment.sizes.smoke.n_queries=10", "scale=smoke"]
+                   "experiment.sizes.smoke.n_base=200", "experiment.sizes.smoke.n_queries=10", "scale=smoke",
+                   "experiment.quantizer_seeds=[0]"]
 
 
 def compose_config(overrides: list[str], return_hydra_config: bool = False):
