@@ -187,7 +187,8 @@ def run_cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_hydra_multirun_appends_jobs_to_one_store(tmp_path: Path) -> None:
     """A sweep over a result-relevant value: one CSV, one run record per job, figures kept apart."""
-    run_cli(tmp_path, "experiment=distortion", "scale=quick", "experiment.bits=[1]", "quantizer.rotation=haar,hadamard")
+    run_cli(tmp_path, "experiment=distortion", "scale=quick", "experiment.bits=[1]", "experiment.quantizer_seeds=[0]",
+            "quantizer.rotation=haar,hadamard")
     df = pd.read_csv(tmp_path / "results" / "distortion" / "results.csv")
     assert set(df["rotation"]) == {"haar", "hadamard"} and len(df) == 4
     assert len(list((tmp_path / "results" / "distortion" / "runs").glob("*.json"))) == 2
