@@ -165,12 +165,13 @@ def plot_trend(table: pd.DataFrame, coverage: GridCoverage, figures_dir: str | P
                 if hit.empty:
                     continue
                 ax.errorbar(hit["parameters"] * 10 ** offset, hit["gap"], yerr=hit["gap_se"], marker="o", capsize=3,
-                            label=hit["method_label"].iloc[0][:48])
+                            label=method)  # the method's config name: its label does not fit a legend
             ax.axhline(0, color="k", lw=0.8)
             ax.set_xscale("log")
             ax.set(xlabel="parameters", ylabel="gap to the full cache (points)", title=benchmark)
             if rows.empty:
                 ax.text(0.5, 0.5, "no committed rows", ha="center", va="center", transform=ax.transAxes)
+                ax.set(xticks=[], yticks=[])
         fig.legend(*max((a.get_legend_handles_labels() for a in axes[0]), key=lambda hl: len(hl[0])),
                    loc="outside lower center", ncol=3, fontsize=7)
         models = ", ".join(table.drop_duplicates("model").sort_values("parameters")["model_label"].str.split(" \\(")
