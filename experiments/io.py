@@ -4,7 +4,8 @@ Layout under ``<results_dir>/<experiment>/``::
 
     results.csv            one row per measurement, every run of this experiment (tidy, long format)
     config.json            the resolved config of the most recent run (what ``run.py`` composed)
-    runs/<config_id>.json  one file per distinct result-relevant config: resolved config + provenance
+    runs/<config_id>.json  one file per distinct result-relevant config: resolved config (the latest invocation's;
+                           every distinct one under ``configs``) + provenance (``unit_ids``: the cells asked for)
 
 Identity of a result
     ``config_id`` is a short hash of the *result-relevant* part of the config (by default everything
