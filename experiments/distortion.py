@@ -139,19 +139,17 @@ def write_tables(df: pd.DataFrame, cfg: Any, directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = directory / f"{stem}.csv", directory / f"{stem}.md"
     table.to_csv(csv_path, index=False)
-    provenance = df.attrs.get("provenance", {})
-    fmt = _plus_minus
-    title = provenance.get("description", cfg.dataset.name)
+    title = df.attrs.get("provenance", {}).get("description", cfg.dataset.name)
     lines = [f"# Distortion vs bit width (paper Fig. 3, Theorems 1-2): {title}",
              "", "Mean ± SE over quantizer seeds (experiments/distortion.py); predictions: the paper's for queries "
              "independent of x, and for TurboQuant_prod at b = 1 the one for these queries (π/2 − E⟨x,y⟩²).", "",
              "| method | b | seeds | D_mse | predicted D_mse | d·D_prod | predicted d·D_prod | for these queries |",
              "|---|---|---|---|---|---|---|---|"]
     for row in table.itertuples():
-        lines.append(f"| {METHODS[row.method]} | {int(row.bits)} | {int(row.seeds)} | {fmt(row.d_mse, row.d_mse_se)} | "
-                     f"{fmt(row.predicted_d_mse)} | {fmt(row.d_prod_times_d, row.d_prod_times_d_se)} | "
-                     f"{fmt(row.predicted_d_prod_times_d)} | "
-                     f"{fmt(getattr(row, 'predicted_d_prod_times_d_these_queries', math.nan))} |")
+        cells = [_plus_minus(row.d_mse, row.d_mse_se), _plus_minus(row.predicted_d_mse),
+                 _plus_minus(row.d_prod_times_d, row.d_prod_times_d_se), _plus_minus(row.predicted_d_prod_times_d),
+                 _plus_minus(getattr(row, "predicted_d_prod_times_d_these_queries", math.nan))]
+        lines.append(f"| {METHODS[row.method]} | {int(row.bits)} | {int(row.seeds)} | " + " | ".join(cells) + " |")
     md_path.write_text("\n".join(lines) + "\n")
     return [csv_path, md_path]
 

@@ -453,14 +453,12 @@ class ResultStore:
                 raise ValueError("units select rows of this config; they cannot be combined with all_configs")
         else:
             df = df[df["config_id"] == self.config_id]
-        missing = None
         if units is not None:
             wanted = {self.unit_id(unit) for unit in units}
             df = df[df["unit_id"].isin(wanted)]
-            missing = len(wanted - set(df["unit_id"]))
         df = df.reset_index(drop=True)
         df.attrs["provenance"] = self.provenance()
         df.attrs["config_id"] = self.config_id
-        if missing is not None:  # a run cut short: experiments.coverage.frame_coverage labels its tables "partial"
-            df.attrs["units"] = {"asked": len(wanted), "missing": missing}
+        if units is not None:  # a run cut short: experiments.coverage.frame_coverage labels its tables "partial"
+            df.attrs["units"] = {"asked": len(wanted), "missing": len(wanted - set(df["unit_id"]))}
         return df
