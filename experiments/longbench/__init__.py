@@ -6,6 +6,6 @@ jsonl files, hub or local), ``sources`` / ``builders`` (the embedded LongBench-s
 real shipped data), ``experiment`` (run / plot / paper_comparison).
 """
 
-from experiments.longbench.experiment import RESULT_KEYS, paper_comparison, plot, run
+from experiments.longbench.experiment import RESULT_KEYS, paper_comparison, plot, run, stored_frame, write_tables
 
-__all__ = ["RESULT_KEYS", "run", "plot", "paper_comparison"]
+__all__ = ["RESULT_KEYS", "run", "stored_frame", "plot", "paper_comparison", "write_tables"]

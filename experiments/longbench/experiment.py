@@ -29,9 +29,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from experiments.coverage import grid_coverage
+from experiments.coverage import frame_coverage
 from experiments.io import ResultStore, config_to_dict, experiment_sizes
 from experiments.kv_generation import generate_with_cache, kv_methods, with_current_labels
+from experiments.longbench.builders import whitespace_tokens
 from experiments.longbench.data import DataSpec, data_spec_from_config, describe_data, load_samples
 from experiments.longbench.metrics import DATASET_METRIC, FIRST_LINE_DATASETS, LENGTH_BUCKETS, length_bucket, score_sample
 from experiments.longbench.prompts import DATASETS, DatasetSpec, dataset_spec, format_prompt, truncate_middle
@@ -40,10 +41,14 @@ from experiments.longbench.table import CATEGORIES, CATEGORY_OF, PAPER_TABLE1, s
 from experiments.models import LoadedModel, load_model, model_spec_from_config
 from experiments.plotting import figure_style, figure_title, save_figure
 
-__all__ = ["RESULT_KEYS", "build_input_ids", "generate", "run", "plot", "tables", "paper_comparison"]
+__all__ = ["RESULT_KEYS", "build_input_ids", "generate", "run", "stored_frame", "plot", "tables", "paper_comparison",
+           "write_tables"]
 
 #: What a sample's score depends on beyond its unit keys (method, dataset, sample, budgets).
 RESULT_KEYS = ("experiment.name", "longbench_data", "model", "seed")
+
+#: Unit keys whose new value replaces a recorded sample of the same slot (ResultStore.record_units).
+VERSIONED_KEYS = ("method_options",)
 
 _CODE_DATASETS = frozenset({"lcc", "repobench-p"})
 
@@ -138,29 +143,20 @@ def _token_counter(tokenizer: Any):
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
-    """Every (method, dataset, sample) not yet in ``store``; writes the tables; returns this run's rows."""
+def _units(cfg: Any, methods: Mapping[str, Any], count_tokens: Any
+           ) -> tuple[list[dict[str, Any]], dict[tuple[Any, ...], LongBenchSample]]:
+    """The configured (method, dataset, sample) units in sample-major order (an interrupted run has covered every
+    dataset about equally), and each unit's sample by (task, sample_id, context_budget). The embedded data is
+    built to budgets counted by ``count_tokens``; its sample ids do not depend on the counter."""
     sizes = experiment_sizes(cfg)
-    n_samples = int(sizes.samples_per_dataset)
     context_tokens = [int(c) for c in sizes.context_tokens]
-    max_length = int(sizes.max_length)
     cap = sizes.get("max_new_tokens_cap")
-    model_spec = model_spec_from_config(cfg.model)
-    if model_spec.max_context is not None and max_length > model_spec.max_context:
-        raise ValueError(f"max_length {max_length} exceeds the model's {model_spec.max_context}-token window")
     data = data_spec_from_config(config_to_dict(cfg.longbench_data))
-    methods = kv_methods(cfg)
     datasets = _datasets(cfg)
-    seed = int(cfg.seed)
-
-    torch.manual_seed(seed)
-    loaded = load_model(model_spec, device=cfg.scale.device)
-    store.record_provenance(**_describe(loaded, data))
-    count_tokens = _token_counter(loaded.tokenizer)
-    all_units: list[dict[str, Any]] = []
-    samples: dict[tuple[Any, ...], LongBenchSample] = {}  # (task, sample_id, context_budget) -> sample
-    per_dataset = {ds: load_samples(data, ds, n_samples, context_tokens, seed, count_tokens) for ds in datasets}
-    # sample-major order: an interrupted run has covered every dataset about equally
+    per_dataset = {ds: load_samples(data, ds, int(sizes.samples_per_dataset), context_tokens, int(cfg.seed),
+                                    count_tokens) for ds in datasets}
+    units: list[dict[str, Any]] = []
+    samples: dict[tuple[Any, ...], LongBenchSample] = {}
     order = sorted((index, position) for position, ds in enumerate(datasets) for index in range(len(per_dataset[ds])))
     for index, position in order:
         sample = per_dataset[datasets[position]][index]
@@ -171,11 +167,38 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
                 "task": sample.dataset,
                 "sample_id": sample.sample_id,
                 "context_budget": context_tokens[index % len(context_tokens)] if data.is_substitute else 0,
-                "max_length": max_length,
+                "max_length": int(sizes.max_length),
                 "max_new_tokens_cap": int(cap) if cap else 0,
             }
-            all_units.append(unit)
+            units.append(unit)
             samples[(unit["task"], unit["sample_id"], unit["context_budget"])] = sample
+    return units, samples
+
+
+def stored_frame(cfg: Any, store: ResultStore) -> pd.DataFrame:
+    """The stored samples of the configured datasets and methods (labels from the config), computing nothing: the
+    units are rebuilt without the model (the embedded samples' ids do not depend on the tokenizer's counts)."""
+    methods = kv_methods(cfg)
+    units, _ = _units(cfg, methods, whitespace_tokens)
+    return with_current_labels(store.frame(units), methods)
+
+
+def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
+    """Every (method, dataset, sample) not yet in ``store``; writes the tables; returns this run's rows."""
+    sizes = experiment_sizes(cfg)
+    max_length = int(sizes.max_length)
+    cap = sizes.get("max_new_tokens_cap")
+    model_spec = model_spec_from_config(cfg.model)
+    if model_spec.max_context is not None and max_length > model_spec.max_context:
+        raise ValueError(f"max_length {max_length} exceeds the model's {model_spec.max_context}-token window")
+    data = data_spec_from_config(config_to_dict(cfg.longbench_data))
+    methods = kv_methods(cfg)
+    _datasets(cfg)  # unknown names fail before the model loads
+
+    torch.manual_seed(int(cfg.seed))
+    loaded = load_model(model_spec, device=cfg.scale.device)
+    store.record_provenance(**_describe(loaded, data))
+    all_units, samples = _units(cfg, methods, _token_counter(loaded.tokenizer))
 
     def compute(unit: dict[str, Any], _) -> list[dict[str, Any]]:
         sample = samples[(unit["task"], unit["sample_id"], unit["context_budget"])]
@@ -205,8 +228,9 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         return [row]
 
     frame = with_current_labels(store.run_units(all_units, compute, progress="longbench samples"), methods)
+    store.record_units(all_units, versioned=VERSIONED_KEYS)
     if not frame.empty:
-        write_tables(frame, store.directory)
+        write_tables(frame, cfg, store.directory)
     return frame
 
 
@@ -314,13 +338,16 @@ def benchmark_name(df: pd.DataFrame) -> str:
     return "LongBench-E"
 
 
-def write_tables(df: pd.DataFrame, directory: Path) -> list[Path]:
-    """``table.md`` (paper form + per-dataset + buckets, with model and data named) and CSVs beside it."""
+def write_tables(df: pd.DataFrame, cfg: Any, directory: Path) -> list[Path]:
+    """``summary_<model>.md`` (paper form + per-dataset + buckets, with model and data named) and beside it
+    ``summary_<model>.csv`` (the paper form), ``_per_dataset.csv`` and ``_buckets.csv``; ``summary_<model>_partial``
+    for a run that left out part of its grid."""
     out = tables(df)
+    stem = frame_coverage(cfg, df).stem(f"summary_{df['model'].iloc[0]}")
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for key in ("table", "per_dataset", "buckets"):
-        path = directory / f"{key}.csv"
+    for key, suffix in (("table", ""), ("per_dataset", "_per_dataset"), ("buckets", "_buckets")):
+        path = directory / f"{stem}{suffix}.csv"
         out[key].to_csv(path)
         paths.append(path)
     model = df["model_label"].iloc[0]
@@ -341,7 +368,7 @@ def write_tables(df: pd.DataFrame, directory: Path) -> list[Path]:
     lines += ["## LongBench-E length buckets (mean over datasets)", "", _markdown(out["buckets"], "method"), ""]
     lines += ["## The paper (arXiv v1 Table 1; Llama-3.1-8B-Instruct / Ministral-7B-Instruct, real LongBench-E)", "",
               _paper_markdown(), ""]
-    md = directory / "table.md"
+    md = directory / f"{stem}.md"
     md.write_text("\n".join(lines))
     return [md, *paths]
 
@@ -386,7 +413,7 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: Path) -> list[Path]:
         provenance = df.attrs.get("provenance") or {"description": f"model: {df['model_label'].iloc[0]}; data: {df['data'].iloc[0]}"}
         fig.suptitle(figure_title(f"{benchmark_name(df)} by LongBench category ({samples}+ samples per task and "
                                   "method)", provenance), fontsize=9)
-        return save_figure(fig, figures_dir, "longbench", grid_coverage(cfg))
+        return save_figure(fig, figures_dir, f"longbench_{df['model'].iloc[0]}", frame_coverage(cfg, df))
 
 
 # --------------------------------------------------------------------------- paper comparison

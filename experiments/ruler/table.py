@@ -55,12 +55,11 @@ def summary_table(df: pd.DataFrame, order: list[str], reference: str | None) -> 
     if df.empty:
         raise ValueError("no RULER rows to summarise")
     samples = per_sample(df)
-    ref = (samples[samples["method"] == reference].set_index([*_CELL, "sample"])["score"]
-           if reference is not None else pd.Series(dtype=float))
+    ref = samples[samples["method"] == reference].set_index([*_CELL, "sample"])["score"]  # empty without it
     rows = []
     for (method, task, context), group in samples.groupby(["method", *_CELL], sort=False):
         raw = df[(df["method"] == method) & (df["task"] == task) & (df["context"] == context)]
-        diff = (group.set_index([*_CELL, "sample"])["score"] - ref).dropna()
+        diff = (group.set_index([*_CELL, "sample"])["score"] - ref).dropna() if len(ref) else pd.Series(dtype=float)
         rows.append({
             "task": task, "context": int(context), "method": method,
             "method_label": raw["method_label"].iloc[0],
@@ -81,8 +80,8 @@ def summary_table(df: pd.DataFrame, order: list[str], reference: str | None) -> 
             "task": AVERAGE, "context": int(context), "method": method, "method_label": group["method_label"].iloc[0],
             "mean": float(group["mean"].mean()), "se": float(np.sqrt((group["se"] ** 2).sum())) / n_tasks,
             "samples": int(group["samples"].sum()), "seeds": int(group["seeds"].max()),
-            "seed_se": float("nan"), "gap": float(group["gap"].mean()),
-            "gap_se": float(np.sqrt((group["gap_se"] ** 2).sum())) / n_tasks,
+            "seed_se": float("nan"), "gap": float(group["gap"].mean(skipna=False)),  # NaN unless every task has one
+            "gap_se": float(np.sqrt((group["gap_se"] ** 2).sum(skipna=False))) / n_tasks,
             "peak_memory_ratio": float(group["peak_memory_ratio"].max()),
             "bits_per_value": float(group["bits_per_value"].mean()),
         })

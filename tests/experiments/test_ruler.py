@@ -112,6 +112,15 @@ def test_summary_has_means_paired_gaps_and_task_averages() -> None:
     assert table.loc[("vt", 4096, "full")]["gap"] == 0 and table.loc[("vt", 4096, "full")]["gap_se"] == 0
 
 
+@pytest.mark.parametrize("reference", [None, "full"])
+def test_summary_without_the_reference_rows_has_scores_and_no_gaps(reference) -> None:
+    # a run filtered to compressed methods only (only=[...]) holds no full-cache rows (a crash on the H200, session 8)
+    df = pd.DataFrame(_rows("tq", {("vt", 4096): [100, 0], ("fwe", 4096): [50, 50]}, 0))
+    table = summary_table(df, ["full", "tq"], reference).set_index(["task", "context", "method"])
+    assert table.loc[("vt", 4096, "tq")]["mean"] == pytest.approx(50.0)
+    assert table["gap"].isna().all() and table["gap_se"].isna().all()
+
+
 def test_summary_refuses_to_pair_different_prompts() -> None:
     df = pd.DataFrame(_rows("full", {("vt", 4096): [100]}) + _rows("tq", {("vt", 4096): [0]}, 0, sha="other"))
     with pytest.raises(ValueError, match="different prompts"):
