@@ -98,6 +98,7 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
         default_block_n,
         default_num_splits,
     )
+    from turboquant.kernels._decode import resolve_decoder
 
     rows, device, baselines = [], bench.device, {}
     cases = [(b, c, kb, vb) for b, c in sizes.batch_context for kb, vb in sizes.bits]
@@ -134,8 +135,9 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
             if skip_off_gpu("decode", name, kw, device):
                 continue
             factor, graph = kw.pop("split_factor", 1), kw.pop("graph", False)
+            kw["decoder"] = resolve_decoder(kw.get("decoder", "auto"), device, lambda: cache_format.symmetric)
             kw["num_splits"] = max(1, round(factor * default_num_splits(
-                bsz, HEADS_KV, ctx, device, kw.get("block_n") or default_block_n(cache_format))))
+                bsz, HEADS_KV, ctx, device, kw.get("block_n") or default_block_n(cache_format, kw["decoder"]))))
             label = f"K{k_bits}V{v_bits} {name}"
             try:
                 err = rel_err(decode_attention_groups_triton(*check_args, **check_perms, **kw), ref)

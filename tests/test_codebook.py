@@ -100,3 +100,17 @@ def test_cached_in_memory_and_on_disk(tmp_path, monkeypatch):
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         tq.lloyd_max_codebook(**kwargs)
+
+
+def test_symmetric_codebook_reads_a_table_once_and_again_after_a_change(monkeypatch):
+    import torch
+
+    table = tq.lloyd_max_codebook(64, 3).centroids_tensor().clone()
+    reads = []
+    original = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: reads.append(1) or original(self, *a, **k))
+    assert codebook_module.symmetric_codebook(table) and codebook_module.symmetric_codebook(table)
+    assert len(reads) == 1  # the second answer is the kept one
+    table[0] += 0.5  # an in-place change bumps the tensor's version: asked again, and now not symmetric
+    assert not codebook_module.symmetric_codebook(table) and len(reads) == 2
+    assert not codebook_module.symmetric_codebook(torch.tensor([-1.0, 0.5, 1.0]))

@@ -30,6 +30,7 @@ import functools
 import hashlib
 import os
 import warnings
+import weakref
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -285,15 +286,25 @@ def _cached_codebook(dim: int, bits: int, density: str) -> Codebook:
     return codebook
 
 
+_SYMMETRIC_SEEN: dict[int, tuple[weakref.ref, int, bool]] = {}
+
+
 def symmetric_codebook(centroids: torch.Tensor) -> bool:
     """True when ``centroids`` are sorted and symmetric in fp16, ``c[2^b - 1 - i] == -c[i]`` (the Lloyd-Max
-    codebook): what the register decoders assume. Reads the table back to the host: call it once per codebook
-    (``turboquant.kernels.decode_attention.format.CacheFormat.symmetric`` does), never inside a CUDA-graph
-    capture."""
+    codebook): what the register decoders assume. Reads the table back to the host once per tensor (the answer is
+    kept while the same tensor is alive and unmodified), so a CUDA-graph capture may ask only about a table it has
+    asked about before."""
     if centroids.numel() <= 1:
         return True
+    seen = _SYMMETRIC_SEEN.get(id(centroids))
+    if seen is not None and seen[0]() is centroids and seen[1] == centroids._version:
+        return seen[2]
     if centroids.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError("symmetric_codebook reads the codebook back to the host, which a CUDA-graph capture "
-                         "cannot: build the cache format before capturing")
+                         "cannot: call the kernel once before capturing (or build the cache format first)")
     table = centroids.detach().to("cpu", torch.float16).flatten()
-    return torch.equal(table, -table.flip(0)) and bool((table[1:] > table[:-1]).all())
+    answer = torch.equal(table, -table.flip(0)) and bool((table[1:] > table[:-1]).all())
+    key = id(centroids)
+    _SYMMETRIC_SEEN[key] = (weakref.ref(centroids, lambda _, key=key: _SYMMETRIC_SEEN.pop(key, None)),
+                            centroids._version, answer)
+    return answer

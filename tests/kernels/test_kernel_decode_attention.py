@@ -39,6 +39,7 @@ def rel_err(out, ref):
 @pytest.mark.parametrize("batch, heads, kv_heads, tokens, dim, k_bits, v_bits, lens, splits", [
     (2, 8, 2, 150, 128, 4, 4, [150, 37], 3),    # GQA 4, ragged lengths, partial tiles
     (3, 6, 3, 90, 64, 3, 4, [1, 90, 64], 2),     # 3-bit keys, a one-token row
+    (2, 8, 2, 70, 128, 3, 3, [70, 33], 2),       # 3-bit K/V, 16 groups: whole group words (three_bit_group_values)
     (1, 4, 4, 33, 40, 2, 3, [33], 1),            # MHA, generic (stream-order) value path, one split
 ])
 def test_matches_reference(device, generator, batch, heads, kv_heads, tokens, dim, k_bits, v_bits, lens, splits):

@@ -12,11 +12,17 @@ A kernel picks one with the ``DECODE`` constexpr (host option ``decoder``):
 
               i.e. sign bit + (b-1)-bit magnitude index. The h magnitudes are loaded once as scalars and picked by
               a branch-free select tree on the index bits (h - 1 selects); no memory access per code.
-``"prmt"``    the same register codebook for 4-bit codes as inline PTX (GPU only, :func:`nibble_pair_values`):
-              per 32-bit word of 8 codes, 4 ops for the magnitude indices, 4 byte permutes (``prmt``) looking up
-              the low / high bytes of the 8 fp16 magnitudes held in 4 registers, 4 ``prmt`` that interleave them
-              into fp16 pairs and 8 ops that set the sign bits: ~2.5 instructions per code. Other widths use
-              ``"table"`` (cheaper than ``"select"`` by instruction count: ``benchmarks/NOTES.md``, Session 5).
+``"prmt"``    register codebooks as inline PTX (GPU only), looked up with byte permutes: ``prmt d, a, b, s``
+              picks for each byte of d one of the 8 bytes of (a, b) by a 4-bit selector of s, so one ``prmt``
+              looks up 4 codes in an 8-entry byte table held in two registers.
+              4-bit codes (:func:`nibble_pair_values`): 16 values do not fit one 8-entry table, so the symmetric
+              codebook's 8 magnitudes are looked up (sign bit + 3-bit magnitude index, as ``"select"``): per
+              32-bit word of 8 codes, 4 ops for the magnitude indices, 4 ``prmt`` for the low / high bytes of the
+              fp16 magnitudes, 4 ``prmt`` that interleave them into fp16 pairs and 8 ops that set the sign bits.
+              3-bit codes (:func:`three_bit_group_values`): the 8 signed centroids are the table itself, looked up
+              by the codes spread from 3-bit to 4-bit fields (9 shift / mask ops per 24-bit group word), then
+              8 ``prmt`` per 8 codes; no sign ops. ~2.5 instructions per code at either width. Other widths
+              use ``"table"`` (cheaper than ``"select"`` by instruction count: ``benchmarks/NOTES.md``, Session 5).
 ``"none"``    the raw code as fp16 (wrong values; the benchmark's attribution of time to the lookup).
 
 The register decoders need the symmetric codebook (``check_symmetric``); every Lloyd-Max codebook of the library
@@ -30,18 +36,23 @@ import torch
 import triton
 import triton.language as tl
 
-DECODERS = ("table", "select", "prmt")
+DECODERS = ("auto", "table", "select", "prmt")
 
 
-def check_decoder(decoder: str, symmetric: Callable[[], bool]) -> None:
-    """ValueError unless ``decoder`` is one of :data:`DECODERS` and, for a register decoder, ``symmetric()`` says
-    the codebooks are sorted and symmetric (:func:`turboquant.codebook.symmetric_codebook`; only asked then, since
-    it may read the codebook back from the device)."""
+def resolve_decoder(decoder: str, device: torch.device, symmetric: Callable[[], bool]) -> str:
+    """The decoder a kernel compiles: ``"auto"`` is ``"prmt"`` on CUDA when the codebooks are symmetric (the fastest
+    measured, ``benchmarks/NOTES.md``), else ``"table"`` (the interpreter cannot run PTX). An explicit decoder is
+    returned as given; ValueError unless it is one of :data:`DECODERS` and, for a register decoder, ``symmetric()``
+    says the codebooks are sorted and symmetric (:func:`turboquant.codebook.symmetric_codebook`; only asked then,
+    since it may read the codebook back from the device)."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+    if decoder == "auto":
+        return "prmt" if device.type == "cuda" and symmetric() else "table"
     if decoder != "table" and not symmetric():
         raise ValueError(f"decoder {decoder!r} needs sorted symmetric codebooks (c[2^b-1-i] = -c[i], the Lloyd-Max "
                          "codebook); this one is not: use decoder='table'")
+    return decoder
 
 
 @triton.jit
@@ -85,7 +96,7 @@ def register_values(codes, table_ptr, BITS: tl.constexpr):
 def code_values(words, shift, table_ptr, BITS: tl.constexpr, DECODE: tl.constexpr):
     """fp16 centroid values of the ``BITS``-bit codes at bit ``shift`` of int32 ``words`` (any shape)."""
     codes = (words >> shift) & ((1 << BITS) - 1)
-    if DECODE == "table" or DECODE == "prmt":  # prmt covers 4-bit byte pairs only (nibble_pair_values)
+    if DECODE == "table" or DECODE == "prmt":  # prmt: whole groups only (nibble_pair_values, three_bit_group_values)
         values = tl.load(table_ptr + codes)
     elif DECODE == "none":
         values = codes.to(tl.float16)
@@ -96,14 +107,15 @@ def code_values(words, shift, table_ptr, BITS: tl.constexpr, DECODE: tl.constexp
 
 @triton.jit
 def _byte_tables(table_ptr):
-    """The 8 fp16 magnitudes ``table[8 + j]`` of a 4-bit codebook as 4 int32 byte tables: low bytes of m_0..m_3,
-    of m_4..m_7, high bytes of m_0..m_3, of m_4..m_7 (``prmt`` indexes 8 bytes of two registers)."""
+    """The 8 fp16 values ``table[0..7]`` as 4 int32 byte tables: low bytes of t_0..t_3, of t_4..t_7, high bytes
+    of t_0..t_3, of t_4..t_7 (``prmt`` indexes the 8 bytes of two registers). For a 4-bit codebook the caller
+    passes ``table + 8`` (its magnitudes), for a 3-bit one the table."""
     lo0 = tl.zeros((), dtype=tl.int32)
     lo1 = tl.zeros((), dtype=tl.int32)
     hi0 = tl.zeros((), dtype=tl.int32)
     hi1 = tl.zeros((), dtype=tl.int32)
     for j in tl.static_range(8):
-        bits = tl.load(table_ptr + 8 + j).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        bits = tl.load(table_ptr + j).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         if j < 4:
             lo0 = lo0 | ((bits & 255) << (8 * j))
             hi0 = hi0 | ((bits >> 8) << (8 * j))
@@ -167,7 +179,7 @@ def nibble_pair_values(words, table_ptr, DECODE: tl.constexpr):
     two codes of a 4-bit group. ``DECODE="prmt"`` runs :data:`_PRMT_DECODE4` (GPU only); others
     :func:`code_values`."""
     if DECODE == "prmt":
-        lo0, lo1, hi0, hi1 = _byte_tables(table_ptr)
+        lo0, lo1, hi0, hi1 = _byte_tables(table_ptr + 8)
         even, odd = tl.inline_asm_elementwise(
             _PRMT_DECODE4, _PRMT_CONSTRAINTS,
             [words.to(tl.uint8), lo0, lo1, hi0, hi1], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
@@ -175,3 +187,59 @@ def nibble_pair_values(words, table_ptr, DECODE: tl.constexpr):
         even = code_values(words, 0, table_ptr, 4, DECODE)
         odd = code_values(words, 4, table_ptr, 4, DECODE)
     return even, odd
+
+
+# One invocation: the 24-bit word of a 3-bit group in $8 (code k at bits 3k..3k+2) -> the fp16 values of its 8 codes
+# in $0..$7 (16-bit registers). $9/$10/$11/$12: the byte tables of _byte_tables(table). The codes are spread to
+# nibbles (code k at bits 4k..4k+2: 12 / 6 / 3-bit fields moved apart in three shift-and-mask steps) so that one
+# prmt selector holds 4 codes; each prmt pair then yields the low and high bytes of 4 values, interleaved into
+# 2 fp16 pairs and unpacked into the outputs.
+_PRMT_DECODE3 = tl.constexpr("""
+{
+.reg .b32 n, t, lo, hi, v;
+and.b32 n, $8, 0xFFF;
+and.b32 t, $8, 0xFFF000;
+shl.b32 t, t, 4;
+or.b32 n, n, t;
+and.b32 t, n, 0x0FC00FC0;
+and.b32 n, n, 0x003F003F;
+shl.b32 t, t, 2;
+or.b32 n, n, t;
+and.b32 t, n, 0x38383838;
+and.b32 n, n, 0x07070707;
+shl.b32 t, t, 1;
+or.b32 n, n, t;
+prmt.b32 lo, $9, $10, n;
+prmt.b32 hi, $11, $12, n;
+prmt.b32 v, lo, hi, 0x5140;
+mov.b32 {$0, $1}, v;
+prmt.b32 v, lo, hi, 0x7362;
+mov.b32 {$2, $3}, v;
+shr.u32 n, n, 16;
+prmt.b32 lo, $9, $10, n;
+prmt.b32 hi, $11, $12, n;
+prmt.b32 v, lo, hi, 0x5140;
+mov.b32 {$4, $5}, v;
+prmt.b32 v, lo, hi, 0x7362;
+mov.b32 {$6, $7}, v;
+}
+""")
+_PRMT3_CONSTRAINTS = tl.constexpr(",".join(["=h"] * 8 + ["r"] * 5))  # 8 fp16 outputs, the word + 4 tables
+
+
+@triton.jit
+def three_bit_group_values(words, table_ptr, DECODE: tl.constexpr):
+    """The fp16 values of the 8 codes of each 3-bit group word ``words`` (int32, any shape; code k at bit 3k), as a
+    tuple of 8 tensors of that shape (code position k). ``DECODE="prmt"`` runs :data:`_PRMT_DECODE3` (GPU only);
+    others :func:`code_values` per position."""
+    if DECODE == "prmt":
+        lo0, lo1, hi0, hi1 = _byte_tables(table_ptr)
+        values = tl.inline_asm_elementwise(
+            _PRMT_DECODE3, _PRMT3_CONSTRAINTS, [words, lo0, lo1, hi0, hi1],
+            dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+    else:
+        values = (code_values(words, 0, table_ptr, 3, DECODE), code_values(words, 3, table_ptr, 3, DECODE),
+                  code_values(words, 6, table_ptr, 3, DECODE), code_values(words, 9, table_ptr, 3, DECODE),
+                  code_values(words, 12, table_ptr, 3, DECODE), code_values(words, 15, table_ptr, 3, DECODE),
+                  code_values(words, 18, table_ptr, 3, DECODE), code_values(words, 21, table_ptr, 3, DECODE))
+    return values

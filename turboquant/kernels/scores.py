@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..codebook import symmetric_codebook
-from ._decode import check_decoder, code_values, nibble_pair_values
+from ._decode import code_values, nibble_pair_values, resolve_decoder, three_bit_group_values
 from ._layout import (
     check_device,
     group_geometry,
@@ -66,6 +66,11 @@ def _mse_scores_kernel(
             acc = tl.dot(even, tl.load(q_cols + g_offs[:, None], mask=mask_m[None, :], other=0.0), acc)
             acc = tl.dot(odd, tl.load(q_cols + (groups_padded + g_offs)[:, None], mask=mask_m[None, :], other=0.0),
                          acc)
+        elif BITS == 3:  # the 8 codes of a group word decoded at once
+            keys = three_bit_group_values(words, cent_ptr, DECODE)
+            for k in tl.static_range(8):
+                q_t = tl.load(q_cols + (k * groups_padded + g_offs)[:, None], mask=mask_m[None, :], other=0.0)
+                acc = tl.dot(keys[k], q_t, acc)
         else:
             for k in tl.static_range(CODES_PER_GROUP):
                 keys = code_values(words, BITS * k, cent_ptr, BITS, DECODE)
@@ -119,7 +124,7 @@ def mse_scores_triton(
     block_n: int = 128,
     num_warps: int = 4,
     lookup: bool = True,
-    decoder: str = "table",
+    decoder: str = "auto",
 ) -> torch.Tensor:
     """``scale * <q_rot[b, i], c[codes[b, t]]> * norms[b, t]`` for every b, i, t: (batch, m, n).
 
@@ -132,12 +137,12 @@ def mse_scores_triton(
         block_m, block_n, num_warps: tile shape and warps per program (tuning).
         lookup: False skips the centroid lookup and returns wrong values (benchmark attribution only).
         decoder: how codes become centroids in registers (``_decode``): ``"table"`` (gather), ``"select"``
-            (register codebook), ``"prmt"`` (inline PTX for 4-bit codes, GPU only); the last two need the
-            symmetric Lloyd-Max codebook.
+            (register codebook), ``"prmt"`` (inline PTX for 3- and 4-bit codes, GPU only); the last two need the
+            symmetric Lloyd-Max codebook; ``"auto"``: ``"prmt"`` on CUDA, else ``"table"``.
     """
     _check(q_rot, codes, norms, centroids, bits)
-    check_decoder(decoder, lambda: symmetric_codebook(centroids))
     check_device(q_rot.device)
+    decoder = resolve_decoder(decoder, q_rot.device, lambda: symmetric_codebook(centroids))
     batch, n_queries, dim = q_rot.shape
     n_keys = codes.shape[1]
     if codes.stride(-1) != 1:

@@ -6,7 +6,7 @@ centroid values in registers (QJL sign bits to +-1 without a table), computes ea
 an online softmax, and writes the split's normalized output (rotated, groups concatenated) and log-sum-exp. The
 second channel group and the QJL stages are ``tl.constexpr`` flags: a one-group TurboQuant_mse cache compiles to
 the one-stage kernel. Two more constexprs choose the inner loop: ``DECODE`` the code decoder (``_decode``: table
-gather, register codebook by selects, or inline-PTX ``prmt`` for 4-bit codes) and ``INNER`` the multiply:
+gather, register codebook by selects, or inline-PTX ``prmt`` for 3- and 4-bit codes) and ``INNER`` the multiply:
 ``"dot"`` (``tl.dot`` on the tensor cores, fp16 operands, fp32 accumulation) or ``"fma"`` (CUDA-core FMAs in fp32,
 a broadcast multiply and ``tl.sum``, so the decoded tile is never staged through shared memory for an MMA; decode is
 a matrix-vector product per query head, worth it for small GQA groups).
@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._decode import code_values, nibble_pair_values
+from .._decode import code_values, nibble_pair_values, three_bit_group_values
 from .._layout import load_group_words, stream_coordinates, words_to_stream_codes
 
 
@@ -76,6 +76,11 @@ def _stage_scores(rows, tok_mask, row_bytes, q_cols, head_mask, table_ptr,
             q_even = tl.load(q_cols + g_offs[:, None], mask=head_mask[None, :], other=0.0)
             q_odd = tl.load(q_cols + (GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
             acc = _matmul(odd, q_odd, _matmul(even, q_even, acc, INNER), INNER)
+        elif BITS == 3:  # the 8 codes of a group word decoded at once (three_bit_group_values)
+            values = three_bit_group_values(words, table_ptr, DECODE)
+            for k in tl.static_range(8):
+                q_t = tl.load(q_cols + (k * GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
+                acc = _matmul(values[k], q_t, acc, INNER)
         else:
             for k in tl.static_range(CPG):
                 q_t = tl.load(q_cols + (k * GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
@@ -179,10 +184,24 @@ def _accumulate_values(acc_a, acc_b, p, alpha, starts, group, toks, tok_mask, GE
         even, odd = nibble_pair_values(words, table, DECODE)
         acc_a = _weighted_sum(p_n, even, acc_a * alpha[:, None], INNER)
         acc_b = _weighted_sum(p_n, odd, acc_b * alpha[:, None], INNER)
+    elif BITS == 3:
+        stream = _stream_tile(three_bit_group_values(words, table, DECODE))
+        acc_a = _weighted_sum(p_n, stream, acc_a * alpha[:, None], INNER)
     else:
         stream = words_to_stream_codes(words, BITS, CPG)
         acc_a = _weighted_sum(p_n, code_values(stream, 0, table, BITS, DECODE), acc_a * alpha[:, None], INNER)
     return acc_a, acc_b
+
+
+@triton.jit
+def _stream_tile(values):
+    """The 8 (tokens, groups) tiles of code positions k = 0..7 as one (tokens, 8 * groups) tile in stream order
+    (column k * groups + g): joined to (tokens, groups, b0, b1, b2) with k = 4 b2 + 2 b1 + b0, then permuted."""
+    pairs = (tl.join(values[0], values[1]), tl.join(values[2], values[3]), tl.join(values[4], values[5]),
+             tl.join(values[6], values[7]))
+    joined = tl.join(tl.join(pairs[0], pairs[1]), tl.join(pairs[2], pairs[3]))
+    ordered = tl.permute(joined, (0, 4, 3, 2, 1))
+    return tl.reshape(ordered, (ordered.shape[0], 8 * ordered.shape[4]))
 
 
 @triton.jit

@@ -9,17 +9,17 @@ from typing import Any
 import torch
 import triton
 
-from .._decode import check_decoder
+from .._decode import resolve_decoder
 from .._layout import check_device, pow2_at_least
 from .format import MAX_CHANNEL_GROUPS, CacheFormat, GroupFields, check_inputs, one_group_cache
 from .kernel import combine_kernel, decode_split_kernel
 
 
-def default_block_n(cache_format: CacheFormat) -> int:
-    """Tokens per tile: 64, or 128 when a stream is split into two channel groups, whose per-tile work amortises
-    over longer tiles (the split-kernel sweep in ``benchmarks/NOTES.md``; ``python -m benchmarks.decode_split
-    sweep``)."""
-    return 128 if cache_format.meta["K_SPLIT"] or cache_format.meta["V_SPLIT"] else 64
+def default_block_n(cache_format: CacheFormat, decoder: str) -> int:
+    """Tokens per tile: 128 with the ``"prmt"`` decoder (without per-code gathers the loop is no longer bound by
+    the L1 pipe, so longer tiles amortise the per-tile softmax) or when a stream is split into two channel groups
+    (the split-kernel sweep), else 64 (``benchmarks/NOTES.md``, Sessions 3 and 5)."""
+    return 128 if decoder == "prmt" or cache_format.meta["K_SPLIT"] or cache_format.meta["V_SPLIT"] else 64
 
 
 def default_num_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device,
@@ -74,7 +74,7 @@ def decode_attention_groups_triton(
     num_warps: int = 4,
     num_stages: int = 2,
     lookup: bool = True,
-    decoder: str = "table",
+    decoder: str = "auto",
     inner: str = "dot",
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -93,11 +93,12 @@ def decode_attention_groups_triton(
         scale: softmax scale, default 1 / sqrt(head_dim).
         num_splits: KV splits per (row, KV head); default fills the GPU (``default_num_splits``).
         block_n, num_warps, num_stages: tokens per tile, warps per program, pipeline depth (tuning). block_n
-            defaults to :func:`default_block_n` (64 for one channel group, 128 for a split).
+            defaults to :func:`default_block_n`.
         lookup: False skips the centroid lookups and returns wrong values (benchmark attribution only).
         decoder: how codes become centroids in registers (``turboquant.kernels._decode``): ``"table"`` (gather
             from the codebook in memory), ``"select"`` (register codebook, needs the symmetric Lloyd-Max
-            codebook), ``"prmt"`` (the same for 4-bit groups in inline PTX: GPU only).
+            codebook), ``"prmt"`` (byte-permute lookups for 3- and 4-bit groups in inline PTX: GPU only), or
+            ``"auto"`` (``"prmt"`` on CUDA, else ``"table"``: ``_decode.resolve_decoder``).
         inner: the multiply of the inner loop: ``"dot"`` (tensor cores, the GQA group padded to 16 rows) or
             ``"fma"`` (CUDA-core FMAs over the group's own rows; decode is a matrix-vector product per head).
         return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
@@ -106,14 +107,14 @@ def decode_attention_groups_triton(
     """
     check_inputs(q, keys, values, seq_lens, cache_format, key_permutation, value_permutation)
     check_device(q.device)
-    check_decoder(decoder, lambda: cache_format.symmetric)
+    decoder = resolve_decoder(decoder, q.device, lambda: cache_format.symmetric)
     if inner not in ("dot", "fma"):
         raise ValueError(f"inner must be 'dot' or 'fma', got {inner!r}")
     batch, n_heads, dim = q.shape
     n_kv_heads, max_tokens = keys[0].codes.shape[1], keys[0].codes.shape[2]
     group = n_heads // n_kv_heads
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    block_n = block_n or default_block_n(cache_format)
+    block_n = block_n or default_block_n(cache_format, decoder)
     num_splits = num_splits or default_num_splits(batch, n_kv_heads, max_tokens, q.device, block_n)
     tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
