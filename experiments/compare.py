@@ -39,8 +39,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from experiments.coverage import GridCoverage, frame_coverage
-from experiments.io import _ID_COLUMNS
+from experiments.coverage import GridCoverage, frame_coverage, record_config
+from experiments.io import _ID_COLUMNS, recorded_unit_ids
 
 __all__ = [
     "PAPER_NUMBERS",
@@ -244,13 +244,14 @@ class ExperimentRun:
 
 
 def _run(source: str, frame: pd.DataFrame, record: Mapping[str, Any]) -> ExperimentRun:
-    config = record.get("config") or {}
+    config = record_config(record)
     rows = frame[frame["config_id"] == record["config_id"]].reset_index(drop=True)
     provenance = dict(record.get("provenance") or {})
     rows.attrs["provenance"] = provenance
     rows.attrs["config_id"] = record["config_id"]
-    if "unit_ids" in provenance:  # the cells the run was asked for: one without rows makes the run partial
-        asked = set(provenance["unit_ids"])
+    asked = recorded_unit_ids(provenance)
+    if asked is not None:  # the cells the run was asked for: one without rows makes the run partial
+        asked = set(asked)
         rows.attrs["units"] = {"asked": len(asked), "missing": len(asked - set(rows["unit_id"]))}
     return ExperimentRun(
         experiment=str((config.get("experiment") or {}).get("name") or rows["experiment"].iloc[0]),

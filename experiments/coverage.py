@@ -33,7 +33,7 @@ from typing import Any
 from experiments.io import config_to_dict
 
 __all__ = ["CONFIG_DIR", "GridCoverage", "Reduction", "default_experiment_config", "frame_coverage", "grid_coverage",
-           "reductions"]
+           "record_config", "reductions"]
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
@@ -128,6 +128,31 @@ def reductions(grid: Any, run: Any, path: str, scale: str, in_sizes: bool = Fals
     if _is_number(grid) and _is_number(run) and (in_sizes or _COUNT_KEY.match(name)) and run < grid:
         return [Reduction(path, f"{run:g} < {grid:g}")]
     return []
+
+
+def _union(a: Any, b: Any) -> Any:
+    """What two configs cover together: mappings by key (recursively), lists as the union of their entries (in
+    order of first appearance), numbers as the larger; any other value is the first config's."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return {**b, **{key: _union(value, b[key]) if key in b else value for key, value in a.items()}}
+    if isinstance(a, Sequence) and not isinstance(a, str) and isinstance(b, Sequence) and not isinstance(b, str):
+        seen = {_key(v) for v in a}
+        return [*a, *(v for v in b if _key(v) not in seen)]
+    if _is_number(a) and _is_number(b):
+        return max(a, b)
+    return a
+
+
+def record_config(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The config a run record covers: the union (:func:`_union`) of every invocation's config stored under its
+    ``configs`` (processes that each ran a subset of the methods or contexts into one store), else its ``config``."""
+    configs = [entry["config"] for entry in (record.get("configs") or {}).values()]
+    if not configs:
+        return dict(record.get("config") or {})
+    merged = configs[0]
+    for config in configs[1:]:
+        merged = _union(merged, config)
+    return merged
 
 
 def grid_coverage(config: Any) -> GridCoverage:

@@ -5,7 +5,8 @@ Layout under ``<results_dir>/<experiment>/``::
     results.csv            one row per measurement, every run of this experiment (tidy, long format)
     config.json            the resolved config of the most recent run (what ``run.py`` composed)
     runs/<config_id>.json  one file per distinct result-relevant config: resolved config (the latest invocation's;
-                           every distinct one under ``configs``) + provenance (``unit_ids``: the cells asked for)
+                           every distinct one under ``configs``) + provenance (``unit_slots``: the cells asked for,
+                           read with :func:`recorded_unit_ids`)
 
 Identity of a result
     ``config_id`` is a short hash of the *result-relevant* part of the config (by default everything
@@ -55,7 +56,7 @@ from tqdm.auto import tqdm
 
 from experiments.data.cache import file_lock
 
-__all__ = ["ResultStore", "result_config", "config_to_dict", "experiment_sizes"]
+__all__ = ["ResultStore", "result_config", "config_to_dict", "experiment_sizes", "recorded_unit_ids"]
 
 #: Top-level config groups that never change a measured number.
 NON_RESULT_KEYS: tuple[str, ...] = ("paths", "hydra")
@@ -229,6 +230,15 @@ def _parse_rows(path: Path, text: str) -> _Rows:
     return _Rows(frame, dict(sorted(damaged.items())), damaged_units)
 
 
+def recorded_unit_ids(provenance: Mapping[str, Any]) -> list[str] | None:
+    """The cells a run record says its config's grid asked for (:meth:`ResultStore.record_units`): the keys of
+    ``unit_slots``, or the ``unit_ids`` list of a record written before slots were kept; None when the record
+    names no cells (an experiment that does not record them)."""
+    if "unit_slots" in provenance:
+        return list(provenance["unit_slots"])
+    return list(provenance["unit_ids"]) if "unit_ids" in provenance else None
+
+
 class ResultStore:
     """Tidy CSV of measurements for one experiment, resumable unit by unit.
 
@@ -299,6 +309,9 @@ class ResultStore:
             # every distinct config that ran under this config_id (several processes may each run a subset of
             # the methods or grid into one store; ``config`` alone would keep only the last writer's subset)
             configs = record.get("configs", {})
+            if not configs and "config" in record:  # a record written before configs were kept: its config stays
+                configs[_short_hash(record["config"])] = {"first_written": record.get("created", now),
+                                                          "config": record["config"]}
             configs.setdefault(_short_hash(self.config), {"first_written": now, "config": self.config})
             record.update(
                 experiment=self.experiment,
@@ -308,9 +321,10 @@ class ResultStore:
                 config=self.config,
                 configs=configs,
             )
-            if provenance is not None:
+            if provenance is not None:  # an entry given as None is removed
                 stored = record.get("provenance", {})
-                record["provenance"] = {**stored, **dict(provenance(stored))}
+                record["provenance"] = {k: v for k, v in {**stored, **dict(provenance(stored))}.items()
+                                        if v is not None}
             _atomic_write_text(self.run_path, json.dumps(record, indent=2, sort_keys=True, default=str))
             _atomic_write_text(
                 self.directory / "config.json", json.dumps(self.config, indent=2, sort_keys=True, default=str)
@@ -321,21 +335,24 @@ class ResultStore:
         self._write_run_record(lambda stored: info)
 
     def record_units(self, units: Sequence[Mapping[str, Any]], versioned: Sequence[str] = ()) -> None:
-        """Record ``units`` as cells of this config's current grid (``provenance["unit_ids"]``, which the paper
-        comparisons count), merged with the cells earlier invocations recorded.
+        """Record ``units`` as cells of this config's current grid (``provenance["unit_slots"]``: unit_id -> slot,
+        which the paper comparisons count through :func:`recorded_unit_ids`), merged with the cells earlier
+        invocations recorded.
 
         The merge is a union by *slot*, a unit without its ``versioned`` keys (e.g. ``method_options``,
         ``protocol``): a new unit replaces a recorded one of the same slot (rows made with a method's earlier
         options stop counting) and leaves the other slots recorded (a process that ran a subset of the methods
-        or contexts does not erase the others'). A record written before slots were kept is replaced whole.
+        or contexts does not erase the others'). The cells of a record written before slots were kept
+        (``unit_ids`` only) stay recorded, each its own slot.
         """
         slots = {self.unit_id(unit): _short_hash({k: v for k, v in unit.items() if k not in versioned})
                  for unit in units}
 
         def merged(stored: Mapping[str, Any]) -> dict[str, Any]:
             new_slots = set(slots.values())
-            kept = {uid: slot for uid, slot in stored.get("unit_slots", {}).items() if slot not in new_slots}
-            return {"unit_ids": [*kept, *slots], "unit_slots": {**kept, **slots}}
+            earlier = stored.get("unit_slots") or {uid: uid for uid in stored.get("unit_ids", [])}
+            kept = {uid: slot for uid, slot in earlier.items() if slot not in new_slots and uid not in slots}
+            return {"unit_ids": None, "unit_slots": {**kept, **slots}}
 
         self._write_run_record(merged)
 

@@ -40,7 +40,7 @@ import torch
 
 from experiments.ann_recall import set_threads
 from experiments.coverage import grid_coverage
-from experiments.io import ResultStore
+from experiments.io import ResultStore, recorded_unit_ids
 from experiments.plotting import METHOD_COLORS, figure_style, figure_title, save_figure
 from experiments.quantized_embeddings import UnitEmbeddings, load_unit_embeddings, make_quantizer
 from turboquant.ann import make_index
@@ -292,7 +292,7 @@ def needle_rotation_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
     """``disputes.hadamard_vs_haar.needle`` from a needle run's rows: per (context, depth) cell, the score of
     the Hadamard preset minus the Haar preset's (each averaged over its seeds), mean ± SE over the cells both
     have; only the latest run's cells count (``unit_ids`` in the provenance), as in needle's own rows."""
-    unit_ids = df.attrs.get("provenance", {}).get("unit_ids")
+    unit_ids = recorded_unit_ids(df.attrs.get("provenance", {}))
     if unit_ids is not None:
         df = df[df["unit_id"].isin(set(unit_ids))]
     if df.empty or not set(NEEDLE_ROTATION_PAIR) <= set(df["method"]):

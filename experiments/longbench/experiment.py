@@ -445,7 +445,8 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
     LongBench-E; a substitute run leaves them MISSING.
     """
     df = _largest_setting(df)
-    table = tables(df)["table"]
+    out = tables(df)
+    table, counts = out["table"], out["counts"]
     if table.empty or "delta_vs_full" not in table.columns:
         return []
     paper_method = df.groupby("method", sort=False)["paper_method"].first()
@@ -457,9 +458,12 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
         if not key:
             continue
         if key in _PAPER_KEY:
+            per_dataset = counts.loc[method] if method in counts.index else pd.Series(dtype=int)
+            samples = (f"{int(per_dataset.sum())} samples, {int(per_dataset.min())}-{int(per_dataset.max())} per dataset"
+                       if len(per_dataset) else "no samples")
             rows.append({"id": f"longbench.avg_delta.{key}", "value": float(row["delta_vs_full"]),
                          "se": float(row["delta_se"]),  # paired over samples: within 2 SE is not judged
-                         "detail": f"{row['method_label']} Average − full cache Average ({where})"})
+                         "detail": f"{row['method_label']} Average − full cache Average, {samples} ({where})"})
         if real:
             ids = [f"longbench.average.{key}"] + (["longbench.average.turboquant_2.5.iclr"] if key == "turboquant_2.5" else [])
             rows += [{"id": i, "value": float(row["Average"]), "detail": f"{row['method_label']} ({where})"} for i in ids]

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.coverage import frame_coverage
+from experiments.io import recorded_unit_ids
 
 def method_order(df: pd.DataFrame, order: list[str] | None) -> list[str]:
     """The methods present in ``df``, in ``order`` (the config's) where given, else first appearance."""
@@ -127,7 +128,7 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
     """
     if df.attrs.get("provenance", {}).get("model", {}).get("source") == "random_weights":
         return []  # a model shape with random weights: its scores are not the model's
-    unit_ids = df.attrs.get("provenance", {}).get("unit_ids")
+    unit_ids = recorded_unit_ids(df.attrs.get("provenance", {}))
     if unit_ids is not None:  # rows of earlier grids / method settings under the same config are not this run's
         df = df[df["unit_id"].isin(set(unit_ids))]
     if df.empty:

@@ -111,3 +111,20 @@ def test_a_reduced_needle_run_leaves_the_committed_figures_byte_identical(tmp_pa
     assert {name: after[name] for name in committed} == committed, "a committed figure changed"
     verdicts = {c.paper.id: c.verdict for c in compare(load_paper_numbers(), load_runs(tmp_path / "results"))}
     assert verdicts["needle.score.full"] == PARTIAL
+
+
+def test_a_record_of_several_subset_invocations_covers_their_union() -> None:
+    """Parallel processes that each ran some methods or contexts into one store: the record keeps each one's
+    config, and the run covers the grid when together they do (compare judges the union)."""
+    from experiments.coverage import record_config
+
+    full = config_to_dict(composed("experiment=needle"))
+    methods = list(full["experiment"]["methods"])
+    contexts = full["experiment"]["sizes"]["quick"]["contexts"]
+    subsets = [config_to_dict(composed("experiment=needle", *[f"~experiment.methods.{m}" for m in methods[1:]],
+                                       f"experiment.sizes.quick.contexts=[{contexts[0]}]")),
+               config_to_dict(composed("experiment=needle", f"~experiment.methods.{methods[0]}"))]
+    record = {"config": subsets[1], "configs": {str(i): {"config": c} for i, c in enumerate(subsets)}}
+    assert not grid_coverage(subsets[1]).full and not grid_coverage(subsets[0]).full
+    assert grid_coverage(record_config(record)).full
+    assert record_config({"config": subsets[0]}) == subsets[0]  # a record written before configs were kept

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 import run
-from experiments.io import ResultStore, experiment_sizes
+from experiments.io import ResultStore, experiment_sizes, recorded_unit_ids
 from experiments.plotting import figure_title, save_figure
 
 REPO = Path(run.__file__).resolve().parent
@@ -112,13 +112,22 @@ def test_store_merges_the_units_and_configs_of_processes_that_share_a_config(tmp
     unit = {m: {"method": m, "method_options": "x", "context": 1} for m in "ab"}
     first.record_units([unit["a"]], versioned=("method_options",))
     second.record_units([unit["b"]], versioned=("method_options",))
-    recorded = set(second.provenance()["unit_ids"])
+    recorded = set(recorded_unit_ids(second.provenance()))
     assert recorded == {second.unit_id(unit["a"]), second.unit_id(unit["b"])}
     record = json.loads(second.run_path.read_text())
     assert sorted(c["config"]["only"] for c in record["configs"].values()) == [["a"], ["b"]]
     changed = {**unit["a"], "method_options": "y"}  # method a's options changed: its old cell stops counting
     first.record_units([changed], versioned=("method_options",))
-    assert set(first.provenance()["unit_ids"]) == {first.unit_id(changed), first.unit_id(unit["b"])}
+    assert set(recorded_unit_ids(first.provenance())) == {first.unit_id(changed), first.unit_id(unit["b"])}
+    assert "unit_ids" not in first.provenance()  # the cells are recorded once, as unit_slots
+
+
+def test_store_keeps_the_cells_of_a_record_written_before_slots(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path, "toy", CONFIG, ("dataset", "seed"))
+    unit = {m: {"method": m, "method_options": "x"} for m in "ab"}
+    store.record_provenance(unit_ids=[store.unit_id(unit["a"])])  # as a session-6 record holds them
+    store.record_units([unit["b"]], versioned=("method_options",))
+    assert set(recorded_unit_ids(store.provenance())) == {store.unit_id(unit["a"]), store.unit_id(unit["b"])}
 
 
 def test_store_rewrites_a_unit_whole_and_rejects_bad_input(tmp_path: Path) -> None:
