@@ -10,8 +10,8 @@ differences (the prompts' difficulty cancels):
 * RULER: one pair per (task, context, sample), every stored context (scores 0-100);
 * LongBench-style: one pair per (task, sample, context budget), x 100.
 
-Per (experiment, model) the most recently updated run counts (as in :mod:`experiments.compare`); runs on random
-weights (the paper-scale dry run) are not scores of a model. A gap that rests on fewer than
+Per (experiment, model) the most recently updated run with full-cache rows counts (as in
+:mod:`experiments.compare`); runs on random weights (the paper-scale dry run) are not scores of a model. A gap that rests on fewer than
 :data:`MIN_PAIRS` pairs is left out.
 
     python scripts/kv_trend.py        # results/kv_trend/summary_kv_trend.{csv,md}, figures/kv_trend.png
@@ -81,6 +81,8 @@ def _latest_per_model(runs: Sequence[ExperimentRun], experiment: str) -> dict[st
     for run in sorted((r for r in runs if r.experiment == experiment), key=lambda r: r.updated):
         if run.provenance.get("model", {}).get("source") == "random_weights" or run.frame.empty:
             continue
+        if not (run.frame["method"] == FULL).any():
+            continue  # no full-cache rows to pair with (e.g. a run of the unwindowed presets' bytes alone)
         for model in run.frame["model"].dropna().unique():
             latest[str(model)] = run
     return latest
