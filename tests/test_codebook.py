@@ -114,3 +114,14 @@ def test_symmetric_codebook_reads_a_table_once_and_again_after_a_change(monkeypa
     table[0] += 0.5  # an in-place change bumps the tensor's version: asked again, and now not symmetric
     assert not codebook_module.symmetric_codebook(table) and len(reads) == 2
     assert not codebook_module.symmetric_codebook(torch.tensor([-1.0, 0.5, 1.0]))
+
+
+def test_symmetric_codebook_answers_for_inference_tensors():
+    import torch
+
+    with torch.inference_mode():  # how generation runs: its tensors have no version counter
+        table = tq.lloyd_max_codebook(64, 3).centroids_tensor().clone()
+        skewed = torch.tensor([-1.0, 0.5, 1.0])
+    assert table.is_inference()
+    assert codebook_module.symmetric_codebook(table) and codebook_module.symmetric_codebook(table)
+    assert not codebook_module.symmetric_codebook(skewed)

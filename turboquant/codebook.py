@@ -286,18 +286,20 @@ def _cached_codebook(dim: int, bits: int, density: str) -> Codebook:
     return codebook
 
 
-_SYMMETRIC_SEEN: dict[int, tuple[weakref.ref, int, bool]] = {}
+_SYMMETRIC_SEEN: dict[int, tuple[weakref.ref, int | None, bool]] = {}
 
 
 def symmetric_codebook(centroids: torch.Tensor) -> bool:
     """True when ``centroids`` are sorted and symmetric in fp16, ``c[2^b - 1 - i] == -c[i]`` (the Lloyd-Max
     codebook): what the register decoders assume. Reads the table back to the host once per tensor (the answer is
     kept while the same tensor is alive and unmodified), so a CUDA-graph capture may ask only about a table it has
-    asked about before."""
+    asked about before. An inference tensor (made under ``torch.inference_mode``) has no version counter: its
+    answer is kept while it is alive, so a table changed in place inside inference mode is not asked again."""
     if centroids.numel() <= 1:
         return True
+    version = None if centroids.is_inference() else centroids._version
     seen = _SYMMETRIC_SEEN.get(id(centroids))
-    if seen is not None and seen[0]() is centroids and seen[1] == centroids._version:
+    if seen is not None and seen[0]() is centroids and seen[1] == version:
         return seen[2]
     if centroids.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError("symmetric_codebook reads the codebook back to the host, which a CUDA-graph capture "
@@ -306,5 +308,5 @@ def symmetric_codebook(centroids: torch.Tensor) -> bool:
     answer = torch.equal(table, -table.flip(0)) and bool((table[1:] > table[:-1]).all())
     key = id(centroids)
     _SYMMETRIC_SEEN[key] = (weakref.ref(centroids, lambda _, key=key: _SYMMETRIC_SEEN.pop(key, None)),
-                            centroids._version, answer)
+                            version, answer)
     return answer

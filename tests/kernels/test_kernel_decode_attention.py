@@ -206,6 +206,17 @@ def test_inner_loop_variants_match_reference(device, generator, decoder, inner, 
     assert rel_err(out, ref) < 3e-3
 
 
+def test_register_decoder_check_under_inference_mode(device, generator):
+    """Generation runs under ``torch.inference_mode``, whose tensors have no version counter: the codebook check
+    the register decoders make must still answer (it raised there in session 9's first H200 hold)."""
+    with torch.inference_mode():
+        tensors, common = make_case(1, 4, 2, 8, 32, 2, 2, generator, device)
+        seq_lens = torch.tensor([8], dtype=torch.int32, device=device)
+        out = decode_attention_triton(*tensors, seq_lens, decoder="select", **common)
+        ref = decode_attention_triton(*tensors, seq_lens, decoder="table", **common)
+    assert rel_err(out, ref) < 1e-3
+
+
 def test_register_decoder_needs_a_symmetric_codebook(device, generator):
     tensors, common = make_case(1, 4, 2, 8, 32, 2, 2, generator, device)
     seq_lens = torch.tensor([8], dtype=torch.int32, device=device)
