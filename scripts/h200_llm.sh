@@ -55,7 +55,7 @@ m = load_model(model_spec_from_config(cfg), 'cuda'); print('$m', got[:12], trans
 case $stage in
   setup)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/whl/*.whl || exit 1
-    mkdir -p /tmp/tq_results && for d in needle kv_ablation ruler; do [ -d results/$d ] && cp -rn results/$d /tmp/tq_results/; done
+    mkdir -p /tmp/tq_results && for d in needle kv_ablation ruler longbench; do [ -d results/$d ] && cp -rn results/$d /tmp/tq_results/; done
     pids=(); for m in qwen25_coder_15b qwen25_coder_05b smollm2_135m; do convert $m & pids+=($!); done
     status=0; for p in "${pids[@]}"; do wait "$p" || status=1; done; exit $status ;;
   needle)   # the paper's rows, the best-preset candidates, vLLM's 4-bit preset and the baselines
