@@ -243,3 +243,16 @@ def three_bit_group_values(words, table_ptr, DECODE: tl.constexpr):
                   code_values(words, 12, table_ptr, 3, DECODE), code_values(words, 15, table_ptr, 3, DECODE),
                   code_values(words, 18, table_ptr, 3, DECODE), code_values(words, 21, table_ptr, 3, DECODE))
     return values
+
+
+@triton.jit
+def channel_order_tile(values):
+    """The 8 (tokens, groups) tiles of :func:`three_bit_group_values` (code position k = 0..7) as one
+    (tokens, 8 * groups) tile in channel order: column 8 g + k is code k of group g, i.e. coordinate 8 g + k of the
+    rotated vector. Joined as (tokens, groups, b2, b1, b0) with k = 4 b2 + 2 b1 + b0, so a group's 8 values stay in
+    the registers of the thread that decoded them (stream order, column k * groups + g, moves them between
+    threads)."""
+    even = tl.join(tl.join(values[0], values[4]), tl.join(values[2], values[6]))
+    odd = tl.join(tl.join(values[1], values[5]), tl.join(values[3], values[7]))
+    tile = tl.join(even, odd)
+    return tl.reshape(tile, (tile.shape[0], 8 * tile.shape[1]))

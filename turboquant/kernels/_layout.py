@@ -79,17 +79,31 @@ def stream_coordinates(g_offs, CODES_PER_GROUP: tl.constexpr):
 
 
 @triton.jit
-def load_group_words(row_ptrs, row_mask, g_offs, row_bytes, BYTES_PER_GROUP: tl.constexpr):
+def load_group_words(row_ptrs, row_mask, g_offs, row_bytes, BYTES_PER_GROUP: tl.constexpr,
+                     GROUPS_ACROSS_THREADS: tl.constexpr = False):
     """Little-endian words of groups ``g_offs`` of the rows at ``row_ptrs``: int32 (rows, groups).
 
-    Bytes past ``row_bytes`` (and masked rows) read as 0.
+    Bytes past ``row_bytes`` (and masked rows) read as 0. ``GROUPS_ACROSS_THREADS`` loads the bytes as a
+    (groups, rows) tile and transposes it, which puts groups across a warp's threads: with several bytes per group
+    no dimension of the addresses is contiguous, and Triton's layout for a (rows, groups) load then gives each
+    thread a whole row, so a tile decoded from it in channel order reaches shared memory one 16-bit value per
+    store (``benchmarks/NOTES.md``, session 9).
     """
-    word = tl.zeros((row_ptrs.shape[0], g_offs.shape[0]), dtype=tl.int32)
-    for i in tl.static_range(BYTES_PER_GROUP):
-        col = g_offs * BYTES_PER_GROUP + i
-        mask = row_mask[:, None] & (col < row_bytes)[None, :]
-        byte = tl.load(row_ptrs[:, None] + col[None, :], mask=mask, other=0)
-        word = word | (byte.to(tl.int32) << (8 * i))
+    if GROUPS_ACROSS_THREADS:
+        word_t = tl.zeros((g_offs.shape[0], row_ptrs.shape[0]), dtype=tl.int32)
+        for i in tl.static_range(BYTES_PER_GROUP):
+            col = g_offs * BYTES_PER_GROUP + i
+            mask = row_mask[None, :] & (col < row_bytes)[:, None]
+            byte = tl.load(row_ptrs[None, :] + col[:, None], mask=mask, other=0)
+            word_t = word_t | (byte.to(tl.int32) << (8 * i))
+        word = tl.trans(word_t)
+    else:
+        word = tl.zeros((row_ptrs.shape[0], g_offs.shape[0]), dtype=tl.int32)
+        for i in tl.static_range(BYTES_PER_GROUP):
+            col = g_offs * BYTES_PER_GROUP + i
+            mask = row_mask[:, None] & (col < row_bytes)[None, :]
+            byte = tl.load(row_ptrs[:, None] + col[None, :], mask=mask, other=0)
+            word = word | (byte.to(tl.int32) << (8 * i))
     return word
 
 

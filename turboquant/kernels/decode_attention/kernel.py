@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._decode import code_values, nibble_pair_values, three_bit_group_values
+from .._decode import channel_order_tile, code_values, nibble_pair_values, three_bit_group_values
 from .._layout import load_group_words, stream_coordinates, words_to_stream_codes
 
 
@@ -70,17 +70,17 @@ def _stage_scores(rows, tok_mask, row_bytes, q_cols, head_mask, table_ptr,
     acc = tl.zeros((rows.shape[0], BLOCK_M), dtype=tl.float32)
     if GROUPS >= 16:
         g_offs = tl.arange(0, GROUPS)
-        words = load_group_words(rows, tok_mask, g_offs, row_bytes, BPG)
+        words = load_group_words(rows, tok_mask, g_offs, row_bytes, BPG, BITS == 3)
         if CPG == 2 and not SIGNS:
             even, odd = nibble_pair_values(words, table_ptr, DECODE)
             q_even = tl.load(q_cols + g_offs[:, None], mask=head_mask[None, :], other=0.0)
             q_odd = tl.load(q_cols + (GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
             acc = _matmul(odd, q_odd, _matmul(even, q_even, acc, INNER), INNER)
-        elif BITS == 3:  # the 8 codes of a group word decoded at once (three_bit_group_values)
-            values = three_bit_group_values(words, table_ptr, DECODE)
-            for k in tl.static_range(8):
-                q_t = tl.load(q_cols + (k * GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
-                acc = _matmul(values[k], q_t, acc, INNER)
+        elif BITS == 3:  # the 8 codes of a group word decoded at once, one product in channel order
+            keys = channel_order_tile(three_bit_group_values(words, table_ptr, DECODE))
+            c = tl.arange(0, 8 * GROUPS)
+            q_t = tl.load(q_cols + ((c % 8) * GROUPS + c // 8)[:, None], mask=head_mask[None, :], other=0.0)
+            acc = _matmul(keys, q_t, acc, INNER)
         else:
             for k in tl.static_range(CPG):
                 q_t = tl.load(q_cols + (k * GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
@@ -153,7 +153,8 @@ def _key_group_logits(starts, group, toks, tok_mask, q_cols, head_mask, scale,
 @triton.jit
 def _value_accumulators(BLOCK_M: tl.constexpr, GEOMETRY: tl.constexpr):
     """Zero accumulators of one value group: 4-bit values keep even and odd coordinates apart ((heads, groups)
-    each); other widths one (heads, CPG * groups) tile in stream order and an unused (heads, 1) placeholder."""
+    each); other widths one (heads, CPG * groups) tile (3-bit in channel order, others in stream order) and an
+    unused (heads, 1) placeholder."""
     CPG: tl.constexpr = GEOMETRY[2]
     GROUPS: tl.constexpr = GEOMETRY[3]
     if CPG == 2:
@@ -179,29 +180,19 @@ def _accumulate_values(acc_a, acc_b, p, alpha, starts, group, toks, tok_mask, GE
     table, code_bytes, stride_cn = group[2], group[3], group[0][3]
     norm = tl.load(norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
     p_n = p * norm[:, None]
-    words = load_group_words(codes + toks.to(tl.int64) * stride_cn, tok_mask, tl.arange(0, GROUPS), code_bytes, BPG)
+    words = load_group_words(codes + toks.to(tl.int64) * stride_cn, tok_mask, tl.arange(0, GROUPS), code_bytes, BPG,
+                             BITS == 3)
     if CPG == 2:
         even, odd = nibble_pair_values(words, table, DECODE)
         acc_a = _weighted_sum(p_n, even, acc_a * alpha[:, None], INNER)
         acc_b = _weighted_sum(p_n, odd, acc_b * alpha[:, None], INNER)
-    elif BITS == 3:
-        stream = _stream_tile(three_bit_group_values(words, table, DECODE))
-        acc_a = _weighted_sum(p_n, stream, acc_a * alpha[:, None], INNER)
+    elif BITS == 3:  # channel order (channel_order_tile)
+        tile = channel_order_tile(three_bit_group_values(words, table, DECODE))
+        acc_a = _weighted_sum(p_n, tile, acc_a * alpha[:, None], INNER)
     else:
         stream = words_to_stream_codes(words, BITS, CPG)
         acc_a = _weighted_sum(p_n, code_values(stream, 0, table, BITS, DECODE), acc_a * alpha[:, None], INNER)
     return acc_a, acc_b
-
-
-@triton.jit
-def _stream_tile(values):
-    """The 8 (tokens, groups) tiles of code positions k = 0..7 as one (tokens, 8 * groups) tile in stream order
-    (column k * groups + g): joined to (tokens, groups, b0, b1, b2) with k = 4 b2 + 2 b1 + b0, then permuted."""
-    pairs = (tl.join(values[0], values[1]), tl.join(values[2], values[3]), tl.join(values[4], values[5]),
-             tl.join(values[6], values[7]))
-    joined = tl.join(tl.join(pairs[0], pairs[1]), tl.join(pairs[2], pairs[3]))
-    ordered = tl.permute(joined, (0, 4, 3, 2, 1))
-    return tl.reshape(ordered, (ordered.shape[0], 8 * ordered.shape[4]))
 
 
 @triton.jit
@@ -217,8 +208,8 @@ def _store_values(part, acc_a, acc_b, inv_l, head_mask, GEOMETRY: tl.constexpr):
         tl.store(part + OFF + even[None, :], acc_a * inv_l[:, None], mask=head_mask[:, None] & (even < DIM)[None, :])
         tl.store(part + OFF + even[None, :] + 1, acc_b * inv_l[:, None],
                  mask=head_mask[:, None] & (even + 1 < DIM)[None, :])
-    else:
-        coords = stream_coordinates(g_offs, CPG)
+    else:  # 3-bit accumulators in channel order, other widths in stream order
+        coords = tl.arange(0, CPG * GROUPS) if GEOMETRY[0] == 3 else stream_coordinates(g_offs, CPG)
         tl.store(part + OFF + coords[None, :], acc_a * inv_l[:, None],
                  mask=head_mask[:, None] & (coords < DIM)[None, :])
 
