@@ -217,6 +217,29 @@ def test_register_decoder_check_under_inference_mode(device, generator):
     assert rel_err(out, ref) < 1e-3
 
 
+def test_auto_decoder_keeps_the_table_where_prmt_is_unchecked(generator):
+    """``auto`` picks ``prmt`` on CUDA only for formats whose value groups have the code groups of the shapes the
+    H200 checks passed (``GPU_CHECKED_GROUPS``), and only those 3-bit value groups decode in channel order; both
+    are decided without a GPU, so they are checked here on the CPU."""
+    from turboquant.kernels._decode import resolve_decoder
+
+    cpu = torch.device("cpu")
+    formats = {}
+    for dim, groups in ((64, [(16, 4), (48, 3)]), (128, [(32, 4), (96, 3)]), (128, [(128, 3)])):
+        _, value_format = random_stream(1, 1, 4, [(m, b, False) for m, b in groups], generator, cpu, seed=7)
+        formats[(dim, len(groups))] = CacheFormat.build(value_format, value_format, cpu)
+    assert not formats[(64, 2)].prmt_checked  # 16 channels at 4 bits: 8 code groups
+    assert formats[(128, 2)].prmt_checked and formats[(128, 1)].prmt_checked
+    channel_order = {key: [f.meta[f"V{part}"][6] for part in range(1 + f.meta["V_SPLIT"])]
+                     for key, f in formats.items()}
+    assert channel_order == {(64, 2): [False, False], (128, 2): [False, True], (128, 1): [True]}
+    cuda = torch.device("cuda")  # only compared, never allocated on
+    for key, cache_format in formats.items():
+        chosen = resolve_decoder("auto", cuda, lambda: True, cache_format.prmt_checked)
+        assert chosen == ("prmt" if cache_format.prmt_checked else "table"), key
+    assert resolve_decoder("prmt", cuda, lambda: True, False) == "prmt"  # an explicit choice is kept
+
+
 def test_register_decoder_needs_a_symmetric_codebook(device, generator):
     tensors, common = make_case(1, 4, 2, 8, 32, 2, 2, generator, device)
     seq_lens = torch.tensor([8], dtype=torch.int32, device=device)

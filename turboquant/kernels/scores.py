@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..codebook import symmetric_codebook
-from ._decode import channel_order_tile, code_values, nibble_pair_values, resolve_decoder, three_bit_group_values
+from ._decode import code_values, nibble_pair_values, resolve_decoder, three_bit_group_values
 from ._layout import (
     check_device,
     group_geometry,
@@ -66,11 +66,11 @@ def _mse_scores_kernel(
             acc = tl.dot(even, tl.load(q_cols + g_offs[:, None], mask=mask_m[None, :], other=0.0), acc)
             acc = tl.dot(odd, tl.load(q_cols + (groups_padded + g_offs)[:, None], mask=mask_m[None, :], other=0.0),
                          acc)
-        elif BITS == 3:  # the 8 codes of a group word decoded at once, one product in channel order
-            keys = channel_order_tile(three_bit_group_values(words, cent_ptr, DECODE))
-            c = tl.arange(0, 8 * BLOCK_G)
-            q_t = tl.load(q_cols + ((c % 8) * groups_padded + g0 + c // 8)[:, None], mask=mask_m[None, :], other=0.0)
-            acc = tl.dot(keys, q_t, acc)
+        elif BITS == 3:  # the 8 codes of a group word decoded at once
+            keys = three_bit_group_values(words, cent_ptr, DECODE)
+            for k in tl.static_range(8):
+                q_t = tl.load(q_cols + (k * groups_padded + g_offs)[:, None], mask=mask_m[None, :], other=0.0)
+                acc = tl.dot(keys[k], q_t, acc)
         else:
             for k in tl.static_range(CODES_PER_GROUP):
                 keys = code_values(words, BITS * k, cent_ptr, BITS, DECODE)

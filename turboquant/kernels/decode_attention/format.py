@@ -27,6 +27,14 @@ class GroupFields(NamedTuple):
     residual_norms: torch.Tensor | None = None  # (B, H, T): rho = ||r|| of the unit vector's residual
 
 
+# The fewest code groups (unpadded) a value group has in the shapes the H200 checks passed with the register
+# decoders and the 3-bit channel-order tile: 12 (96 channels of 3-bit codes, the 3.5-bit preset at head_dim 128).
+# In session 9 the GPU kernel suite failed for value groups of 1-8 code groups (the head_dim-64 / -32 splits, with
+# session 8's kernels too; not located, ``benchmarks/NOTES.md``): they keep the table decoder and the stream-order
+# path that every committed LLM cell used.
+GPU_CHECKED_GROUPS = 12
+
+
 @dataclass(frozen=True, eq=False)
 class ChannelGroup:
     """How one channel group was quantized: ``bits``-bit TurboQuant_mse with rotation ``Pi`` (dense, y = Pi x) and
@@ -95,6 +103,13 @@ class CacheFormat:
         return all(symmetric_codebook(table) for table in (*self.key_tables, *self.value_tables))
 
     @property
+    def prmt_checked(self) -> bool:
+        """Every value group has at least :data:`GPU_CHECKED_GROUPS` code groups (unpadded), the shapes whose
+        ``prmt`` decoding passed the H200 checks; ``decoder="auto"`` keeps the table decoder for the others."""
+        return all(num_groups(self.meta[f"V{part}"][4], self.meta[f"V{part}"][0]) >= GPU_CHECKED_GROUPS
+                   for part in range(1 + self.meta["V_SPLIT"]))
+
+    @property
     def head_dim(self) -> int:
         return sum(group.dim for group in self.key_groups)
 
@@ -156,7 +171,9 @@ class KeyGeometry(NamedTuple):
 
 class ValueGeometry(NamedTuple):
     """Compile-time geometry of one value channel group, in the kernel's order: code width and layout, code
-    groups padded to a power of two, channels, and the first channel of its rotated output."""
+    groups padded to a power of two, channels, the first channel of its rotated output, and whether its tile is
+    decoded whole in channel order (``channel_order``: 3-bit groups of at least :data:`GPU_CHECKED_GROUPS` code
+    groups, ``_decode.channel_order_tile``; the others decode per code in stream order)."""
 
     bits: int
     bpg: int
@@ -164,6 +181,7 @@ class ValueGeometry(NamedTuple):
     groups: int
     dim: int
     off: int
+    channel_order: bool
 
 
 def _key_geometry(group: ChannelGroup, query_offset: int) -> KeyGeometry:
@@ -187,13 +205,14 @@ def _key_stage_columns(group: ChannelGroup, geometry: KeyGeometry, device: torch
 
 def _value_geometry(group: ChannelGroup, channel_offset: int) -> ValueGeometry:
     bpg, cpg = group_geometry(group.bits)
-    return ValueGeometry(group.bits, bpg, cpg, pow2_at_least(num_groups(group.dim, group.bits)), group.dim,
-                         channel_offset)
+    real = num_groups(group.dim, group.bits)
+    return ValueGeometry(group.bits, bpg, cpg, pow2_at_least(real), group.dim, channel_offset,
+                         group.bits == 3 and real >= GPU_CHECKED_GROUPS)
 
 
 # an absent second channel group (never read: K_SPLIT / V_SPLIT are False)
 _ABSENT_KEY_GROUP = KeyGeometry(bits=0, bpg=1, cpg=1, groups=1, qjl=False, sign_groups=1, q_off=0, qjl_q_off=0)
-_ABSENT_VALUE_GROUP = ValueGeometry(bits=1, bpg=1, cpg=8, groups=16, dim=0, off=0)
+_ABSENT_VALUE_GROUP = ValueGeometry(bits=1, bpg=1, cpg=8, groups=16, dim=0, off=0, channel_order=False)
 
 
 def _check_stream(name: str, fields: Sequence[GroupFields], groups: Sequence[ChannelGroup], batch: int) -> None:

@@ -153,8 +153,8 @@ def _key_group_logits(starts, group, toks, tok_mask, q_cols, head_mask, scale,
 @triton.jit
 def _value_accumulators(BLOCK_M: tl.constexpr, GEOMETRY: tl.constexpr):
     """Zero accumulators of one value group: 4-bit values keep even and odd coordinates apart ((heads, groups)
-    each); other widths one (heads, CPG * groups) tile (3-bit in channel order, others in stream order) and an
-    unused (heads, 1) placeholder."""
+    each); other widths one (heads, CPG * groups) tile (in channel order where the geometry's ``channel_order``
+    says so, else in stream order) and an unused (heads, 1) placeholder."""
     CPG: tl.constexpr = GEOMETRY[2]
     GROUPS: tl.constexpr = GEOMETRY[3]
     if CPG == 2:
@@ -180,13 +180,14 @@ def _accumulate_values(acc_a, acc_b, p, alpha, starts, group, toks, tok_mask, GE
     table, code_bytes, stride_cn = group[2], group[3], group[0][3]
     norm = tl.load(norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
     p_n = p * norm[:, None]
+    CHANNEL_ORDER: tl.constexpr = GEOMETRY[6]
     words = load_group_words(codes + toks.to(tl.int64) * stride_cn, tok_mask, tl.arange(0, GROUPS), code_bytes, BPG,
-                             BITS == 3)
+                             CHANNEL_ORDER)
     if CPG == 2:
         even, odd = nibble_pair_values(words, table, DECODE)
         acc_a = _weighted_sum(p_n, even, acc_a * alpha[:, None], INNER)
         acc_b = _weighted_sum(p_n, odd, acc_b * alpha[:, None], INNER)
-    elif BITS == 3:  # channel order (channel_order_tile)
+    elif CHANNEL_ORDER:
         tile = channel_order_tile(three_bit_group_values(words, table, DECODE))
         acc_a = _weighted_sum(p_n, tile, acc_a * alpha[:, None], INNER)
     else:
@@ -208,8 +209,8 @@ def _store_values(part, acc_a, acc_b, inv_l, head_mask, GEOMETRY: tl.constexpr):
         tl.store(part + OFF + even[None, :], acc_a * inv_l[:, None], mask=head_mask[:, None] & (even < DIM)[None, :])
         tl.store(part + OFF + even[None, :] + 1, acc_b * inv_l[:, None],
                  mask=head_mask[:, None] & (even + 1 < DIM)[None, :])
-    else:  # 3-bit accumulators in channel order, other widths in stream order
-        coords = tl.arange(0, CPG * GROUPS) if GEOMETRY[0] == 3 else stream_coordinates(g_offs, CPG)
+    else:
+        coords = tl.arange(0, CPG * GROUPS) if GEOMETRY[6] else stream_coordinates(g_offs, CPG)
         tl.store(part + OFF + coords[None, :], acc_a * inv_l[:, None],
                  mask=head_mask[:, None] & (coords < DIM)[None, :])
 

@@ -98,7 +98,8 @@ def decode_attention_groups_triton(
         decoder: how codes become centroids in registers (``turboquant.kernels._decode``): ``"table"`` (gather
             from the codebook in memory), ``"select"`` (register codebook, needs the symmetric Lloyd-Max
             codebook), ``"prmt"`` (byte-permute lookups for 3- and 4-bit groups in inline PTX: GPU only), or
-            ``"auto"`` (``"prmt"`` on CUDA, else ``"table"``: ``_decode.resolve_decoder``).
+            ``"auto"`` (``"prmt"`` on CUDA for a format that is :attr:`CacheFormat.prmt_checked`, else ``"table"``:
+            ``_decode.resolve_decoder``).
         inner: the multiply of the inner loop: ``"dot"`` (tensor cores, the GQA group padded to 16 rows) or
             ``"fma"`` (CUDA-core FMAs over the group's own rows; decode is a matrix-vector product per head).
         return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
@@ -107,7 +108,7 @@ def decode_attention_groups_triton(
     """
     check_inputs(q, keys, values, seq_lens, cache_format, key_permutation, value_permutation)
     check_device(q.device)
-    decoder = resolve_decoder(decoder, q.device, lambda: cache_format.symmetric)
+    decoder = resolve_decoder(decoder, q.device, lambda: cache_format.symmetric, cache_format.prmt_checked)
     if inner not in ("dot", "fma"):
         raise ValueError(f"inner must be 'dot' or 'fma', got {inner!r}")
     batch, n_heads, dim = q.shape
