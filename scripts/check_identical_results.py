@@ -71,7 +71,7 @@ print(save_tiny_llama(Path(sys.argv[1]), head_dim=64, num_layers=6))
 # columns that measure the machine, not the method: times (``*_s``, ``*_us``, also ``build_s_min``), throughputs,
 # thread counts, load, repetitions cut by a time budget (ann_indexing_time's ``repeats_done``); for kernels the
 # ratios computed from times and the command line
-TIMING = re.compile(r"_(s|ms|us)(_(min|max|median|mean))?$|_per_s$|threads$|^load_average$|^repeats_done$"
+TIMING = re.compile(r"_(s|ms|us)(_(min|max|median|mean|fastscan))?$|_per_s$|threads$|^load_average$|^repeats_done$"
                     r"|^(seconds|gbps|fraction_of_floor|speedup_vs_baseline|copy_bandwidth_gbps|command)$")
 
 # runs inside a checked-out tree (cwd = tree, sys.path[0] = tree): compose, replace keys, run, print the csv path

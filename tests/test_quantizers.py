@@ -86,6 +86,19 @@ def test_inner_product_equals_dequantized_dot(quantizer):
                                atol=1e-4, rtol=1e-4)
 
 
+def test_prod_score_stages_describe_algorithm_2():
+    """The MSE stage of b - 1 bits, then QJL on the residual, weighted by ‖r‖ at scale √(π/2)/d; the mean weight
+    is √D_mse(b - 1) (Theorem 1), which the stored residual norms of unit vectors reproduce."""
+    quantizer = tq.TurboQuantProd(128, 3)
+    mse, qjl = quantizer.score_stages()
+    assert (mse.codes, mse.bits, mse.row_weight, mse.scale) == ("codes", 2, None, 1.0)
+    assert (qjl.codes, qjl.bits, qjl.row_weight) == ("qjl_signs", 1, "residual_norms")
+    assert qjl.scale == pytest.approx(math.sqrt(math.pi / 2) / 128) and qjl.centroids.tolist() == [-1.0, 1.0]
+    x = torch.randn(2000, 128)
+    residual = quantizer.quantize(x / x.norm(dim=1, keepdim=True)).residual_norms
+    assert abs(residual.mean().item() - qjl.mean_row_weight) < 0.02 * qjl.mean_row_weight
+
+
 def test_qjl_variance_matches_lemma_4():
     # For unit x and y the estimate is the mean of d i.i.d. terms √(π/2)·⟨s, y⟩·sign⟨s, x⟩, so
     # Var = (π/2 − ⟨y, x⟩²)/d ≤ π/(2d) (Lemma 4). For one fixed S the mean square error over the pairs

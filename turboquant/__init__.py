@@ -13,12 +13,12 @@ A reproduction of Zandieh, Daliri, Hadian, Mirrokni (ICLR 2026, arXiv 2504.19874
 from . import bounds
 from .codebook import Codebook, lloyd_max_codebook
 from .packing import pack_codes, packed_size, unpack_codes
-from .quantizers import QJL, QuantizedVectors, TurboQuantMSE, TurboQuantProd
+from .quantizers import QJL, QuantizedVectors, ScoreStage, TurboQuantMSE, TurboQuantProd
 from .rotation import HaarRotation, RandomizedHadamard, Rotation, fast_walsh_hadamard, make_rotation
 
 __all__ = [
     "bounds", "Codebook", "lloyd_max_codebook", "pack_codes", "packed_size", "unpack_codes", "QJL",
-    "QuantizedVectors", "TurboQuantMSE", "TurboQuantProd", "HaarRotation", "RandomizedHadamard", "Rotation",
-    "fast_walsh_hadamard", "make_rotation",
+    "QuantizedVectors", "ScoreStage", "TurboQuantMSE", "TurboQuantProd", "HaarRotation", "RandomizedHadamard",
+    "Rotation", "fast_walsh_hadamard", "make_rotation",
 ]
 __version__ = "0.1.0"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -36,7 +37,7 @@ from .codebook import MAX_BITS, SUPPORTED_DENSITIES, Codebook, lloyd_max_codeboo
 from .packing import pack_codes, packed_size, unpack_codes
 from .rotation import ROTATION_KINDS, Rotation, make_rotation
 
-__all__ = ["QuantizedVectors", "TurboQuantMSE", "TurboQuantProd", "QJL"]
+__all__ = ["QuantizedVectors", "ScoreStage", "TurboQuantMSE", "TurboQuantProd", "QJL"]
 
 _DEFAULT_CHUNK = 16384
 _NORM_DTYPE = torch.float32
@@ -204,6 +205,36 @@ class QuantizedVectors:
                        residual_norms=join("residual_norms"))
 
 
+@dataclass(frozen=True)
+class ScoreStage:
+    """One additive term of a quantizer's inner-product estimate, the form every scorer evaluates
+    (``inner_product`` here, the ANN index's dense / lookup-table / fast-scan paths):
+
+        ⟨y, x̃⟩ = ‖x‖ · Σ_s scale_s · w_s(x) · ⟨T_s y, c_s[codes_s(x)]⟩.
+
+    * TurboQuant_mse (Algorithm 1): T = Π, c = the Lloyd-Max centroids, w = 1, scale = 1, since x̃ = ‖x‖ Πᵀ c[idx].
+    * QJL (Definition 1): T = S, c = (−1, +1) (sign bit 1 is +1), w = 1, scale = √(π/2)/d.
+    * TurboQuant_prod (Algorithm 2): the (b−1)-bit MSE stage, then the QJL stage of the residual with w = ‖r‖.
+
+    Attributes:
+        codes: the :class:`QuantizedVectors` field of the stage's packed codes (``"codes"`` / ``"qjl_signs"``).
+        bits: the code width.  centroids: c_s, float32 (2^bits,) on the quantizer's device.
+        query_transform: T_s, queries (m, d) -> (m, d).
+        row_weight: the :class:`QuantizedVectors` field of w_s (``"residual_norms"``), None for w = 1.
+        scale: the constant factor.
+        mean_row_weight: E[w_s] for a unit vector (1, or √D_mse(b−1) for ‖r‖, Theorem 1), for a scorer that
+            cannot read w per row (fast-scan candidate scores).
+    """
+
+    codes: str
+    bits: int
+    centroids: torch.Tensor
+    query_transform: Callable[[torch.Tensor], torch.Tensor]
+    row_weight: str | None = None
+    scale: float = 1.0
+    mean_row_weight: float = 1.0
+
+
 def _check_threads(threads: int | None) -> int | None:
     return None if threads is None else check_int(threads, "threads", low=1)
 
@@ -319,6 +350,29 @@ class _VectorQuantizer:
         lead = (scores.shape[0],) if y.ndim == 2 else ()
         return scores.reshape(*lead, *q.shape)
 
+    def score_stages(self) -> tuple[ScoreStage, ...]:
+        """The terms of this quantizer's inner-product estimate (:class:`ScoreStage`)."""
+        raise NotImplementedError
+
+    def _stage_scores(self, queries: torch.Tensor, flat: QuantizedVectors) -> torch.Tensor:
+        """(m, n) float32 ‖x‖ · Σ_s scale_s · w_s · ⟨T_s y, c_s[codes_s]⟩ in torch, the stored codes decoded chunk
+        by chunk; each query is transformed once per stage."""
+        stages = self.score_stages()
+        transformed = [stage.query_transform(queries) for stage in stages]
+        scores = torch.empty(queries.shape[0], len(flat.norms), dtype=torch.float32, device=self.device)
+        for part in self._chunks(scores.shape[1]):
+            unit = None
+            for stage, query in zip(stages, transformed):
+                codes = unpack_codes(getattr(flat, stage.codes)[part], stage.bits, self.dim)
+                term = query @ stage.centroids[codes.long()].T
+                if stage.scale != 1.0:
+                    term = stage.scale * term
+                if stage.row_weight is not None:
+                    term = term * getattr(flat, stage.row_weight)[part].float()
+                unit = term if unit is None else unit + term
+            scores[:, part] = unit * flat.norms[part].float()
+        return scores
+
 
 class TurboQuantMSE(_VectorQuantizer):
     """TurboQuant_mse (paper, Algorithm 1): rotate, then quantize each coordinate with Lloyd-Max.
@@ -414,19 +468,17 @@ class TurboQuantMSE(_VectorQuantizer):
         """Estimates of ⟨y, x⟩: ‖x‖ · ⟨Πy, c[idx]⟩ (Π orthogonal), shape (m, *q.shape) for y (m, d)."""
         queries = self._queries(y)
         self._check_codes(q)
-        rotated_queries = self.rotation.apply(queries)
         flat = q.flatten()
         if self._triton:
             from .kernels import mse_scores_triton
 
-            scores = mse_scores_triton(rotated_queries[None], flat.codes[None], flat.norms[None], self._centroids,
-                                       self.bits)[0]
+            scores = mse_scores_triton(self.rotation.apply(queries)[None], flat.codes[None], flat.norms[None],
+                                       self._centroids, self.bits)[0]
             return self._scores_shape(y, q, scores)
-        scores = torch.empty(queries.shape[0], len(flat.norms), dtype=torch.float32, device=self.device)
-        for part in self._chunks(scores.shape[1]):
-            values = self.centroid_values(unpack_codes(flat.codes[part], self.bits, self.dim))
-            scores[:, part] = (rotated_queries @ values.T) * flat.norms[part].float()
-        return self._scores_shape(y, q, scores)
+        return self._scores_shape(y, q, self._stage_scores(queries, flat))
+
+    def score_stages(self) -> tuple[ScoreStage, ...]:
+        return (ScoreStage("codes", self.bits, self._centroids, self.rotation.apply),)
 
 
 class QJL(_VectorQuantizer):
@@ -444,6 +496,7 @@ class QJL(_VectorQuantizer):
         generator = stream_generator(self.seed, "qjl", self.dim)
         self.matrix = torch.randn(self.dim, self.dim, generator=generator).to(self.device)  # S
         self.scale = math.sqrt(math.pi / 2) / self.dim
+        self._sign_values = torch.tensor([-1.0, 1.0], device=self.device)  # sign bit 0 / 1 (sign_bits)
 
     @property
     def signature(self) -> str:
@@ -483,13 +536,10 @@ class QJL(_VectorQuantizer):
     def inner_product(self, y: torch.Tensor, q: QuantizedVectors) -> torch.Tensor:
         queries = self._queries(y)
         self._check_codes(q)
-        sketched = self.sketch(queries)
-        flat = q.flatten()
-        scores = torch.empty(queries.shape[0], len(flat.norms), dtype=torch.float32, device=self.device)
-        for part in self._chunks(scores.shape[1]):
-            scores[:, part] = self.scale * (sketched @ self.signs(flat.qjl_signs[part]).T) \
-                * flat.norms[part].float()
-        return self._scores_shape(y, q, scores)
+        return self._scores_shape(y, q, self._stage_scores(queries, q.flatten()))
+
+    def score_stages(self) -> tuple[ScoreStage, ...]:
+        return (ScoreStage("qjl_signs", 1, self._sign_values, self.sketch, scale=self.scale),)
 
 
 class TurboQuantProd(_VectorQuantizer):
@@ -589,27 +639,22 @@ class TurboQuantProd(_VectorQuantizer):
         """‖x‖ · (⟨Πy, c[idx]⟩ + √(π/2)/d · ‖r‖ · ⟨Sy, sign(Sr)⟩): y is rotated and sketched once."""
         queries = self._queries(y)
         self._check_codes(q)
-        sketched = self.qjl.sketch(queries)
-        rotated = self.mse.rotation.apply(queries) if self.mse else None
         flat = q.flatten()
-        if self._triton:
-            from .kernels import mse_scores_triton
+        if not self._triton:
+            return self._scores_shape(y, q, self._stage_scores(queries, flat))
+        from .kernels import mse_scores_triton
 
-            # sign bits are 1-bit codes of the codebook (-1, +1); the residual norm plays the key norm
-            unit_scores = self.qjl.scale * mse_scores_triton(
-                sketched[None], flat.qjl_signs[None], flat.residual_norms[None],
-                torch.tensor([-1.0, 1.0], device=self.device), 1)[0]
-            if self.mse:
-                unit_scores = unit_scores + mse_scores_triton(rotated[None], flat.codes[None],
-                                                              torch.ones_like(flat.norms)[None],
-                                                              self.mse._centroids, self.mse_bits)[0]
-            return self._scores_shape(y, q, unit_scores * flat.norms.float())
-        scores = torch.empty(queries.shape[0], len(flat.norms), dtype=torch.float32, device=self.device)
-        for part in self._chunks(scores.shape[1]):
-            unit_scores = self.qjl.scale * (sketched @ self.qjl.signs(flat.qjl_signs[part]).T) \
-                * flat.residual_norms[part].float()
-            if self.mse:
-                values = self.mse.centroid_values(unpack_codes(flat.codes[part], self.mse_bits, self.dim))
-                unit_scores = unit_scores + rotated @ values.T
-            scores[:, part] = unit_scores * flat.norms[part].float()
-        return self._scores_shape(y, q, scores)
+        unit = None
+        for stage in self.score_stages():  # the sign bits are 1-bit codes of (-1, +1); w plays the key norm
+            weights = getattr(flat, stage.row_weight) if stage.row_weight else torch.ones_like(flat.norms)
+            term = mse_scores_triton(stage.query_transform(queries)[None], getattr(flat, stage.codes)[None],
+                                     weights[None], stage.centroids, stage.bits)[0]
+            if stage.scale != 1.0:
+                term = stage.scale * term
+            unit = term if unit is None else unit + term
+        return self._scores_shape(y, q, unit * flat.norms.float())
+
+    def score_stages(self) -> tuple[ScoreStage, ...]:
+        qjl = replace(self.qjl.score_stages()[0], row_weight="residual_norms",
+                      mean_row_weight=math.sqrt(self.mse.codebook.mse) if self.mse else 1.0)
+        return (*self.mse.score_stages(), qjl) if self.mse else (qjl,)

@@ -3,7 +3,8 @@
 Indexing is data-oblivious: no training, each database vector is quantized on its own by TurboQuant_mse
 (Algorithm 1) or TurboQuant_prod (Algorithm 2), streamed over the database in chunks, and only the packed
 codes and per-vector norms are kept. Search never reconstructs database vectors in the original space.
-Every stored vector's estimated inner product with a query q is a sum of *stages*,
+Every stored vector's estimated inner product with a query q is a sum of *stages*, as the quantizer describes them
+(``quantizer.score_stages()``, :class:`turboquant.ScoreStage`),
 
     ⟨q, x̃⟩ = ‖x‖ · Σ_s w_s(x) · ⟨T_s q, c_s[codes_s(x)]⟩,
 
@@ -38,7 +39,6 @@ Search paths (``search_path``):
 from __future__ import annotations
 
 import importlib.util
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -187,26 +187,10 @@ class TurboQuantIndex(VectorIndex):
         return self.scorer
 
     def _make_stages(self) -> tuple[_Stage, ...]:
-        q = self.quantizer
-        mse = _Stage(
-            codes_key="codes",
-            decoder=CodeDecoder(q.codebook.centroids, q.mse_bits, self.dim),
-            query_transform=q.rotation.apply,
-            row_weight_key=None,
-            weight_scale=1.0,
-            mean_row_weight=1.0,
-        )
-        if self.variant == "mse":
-            return (mse,)
-        qjl = _Stage(
-            codes_key="qjl_signs",
-            decoder=CodeDecoder(np.array([-1.0, 1.0]), 1, self.dim),  # sign bit 1 = +1 (QJL.sign_bits)
-            query_transform=q.qjl.sketch,
-            row_weight_key="residual_norms",
-            weight_scale=math.sqrt(math.pi / 2) / self.dim,
-            mean_row_weight=math.sqrt(q.codebook.mse),  # ‖r‖ of a unit vector: √D_mse(b−1) (Theorem 1)
-        )
-        return mse, qjl
+        return tuple(_Stage(codes_key=stage.codes, decoder=CodeDecoder(stage.centroids.cpu(), stage.bits, self.dim),
+                            query_transform=stage.query_transform, row_weight_key=stage.row_weight,
+                            weight_scale=stage.scale, mean_row_weight=stage.mean_row_weight)
+                     for stage in self.quantizer.score_stages())
 
     # ------------------------------------------------------------------ storage
     @property
