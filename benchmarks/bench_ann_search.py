@@ -4,7 +4,10 @@ fp32 brute-force scan, one query at a time and a batch, at equal bits per coordi
     python -m benchmarks.bench_ann_search --out results/ann_search      # 2 cores: about 35 minutes (measured, load 2-3)
 
 For each ``d:bits`` of ``--configs`` (default 200:4 1536:4 1536:2 3072:4), ``--n`` random unit vectors and
-``--queries`` random unit queries (seeded by d). Indexes (``turboquant.ann.make_index``): TurboQuant_mse and
+``--queries`` random unit queries (seeded by d); a config ``NAME:bits`` instead reads the dataset config
+``configs/dataset/NAME.yaml`` (e.g. ``glove50``, ``dbpedia_minilm``, ``dbpedia_minilm_lift1536``: real embeddings,
+``experiments.data.load_embeddings``), ``--real-n`` base rows and ``--queries`` disjoint queries, unit-normalized as
+in ``ann_recall``. Indexes (``turboquant.ann.make_index``): TurboQuant_mse and
 TurboQuant_prod (randomized Hadamard rotation, ``scorer="fastscan"``; TurboQuant_mse also with its fast-scan rows
 in one faiss index instead of one per thread, ``turboquant_mse_1shard``), ``pq_fastscan`` (M = d·bits/4 sub-quantizers
 of 4 bits), ``pq`` (8-bit sub-quantizers), ``rabitq`` (``nb_bits = bits``, float queries) and ``exact``
@@ -102,12 +105,36 @@ def _phases(index: Any, queries: np.ndarray, k: int) -> dict[str, float]:
     return out
 
 
-def bench_config(dim: int, bits: int, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Rows of one (d, bits): build seconds, one-query ms, batch queries/s and recall per index."""
+def load_config(config: str, args: argparse.Namespace) -> tuple[str, int, np.ndarray, np.ndarray]:
+    """(data label, bits, base, queries) of a ``d:bits`` (random unit vectors, seeded by d) or ``NAME:bits``
+    (the dataset config ``configs/dataset/NAME.yaml``, unit-normalized) config."""
+    name, bits = config.rsplit(":", 1)
+    if name.isdigit():
+        rng = np.random.default_rng(int(name))
+        return "random", int(bits), _unit(rng, args.n, int(name)), _unit(rng, args.queries, int(name))
+    from omegaconf import OmegaConf
+
+    from experiments.data.embeddings import load_embeddings
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "dataset" / f"{name}.yaml"
+    if not path.exists():
+        raise SystemExit(f"config {config!r}: no dataset config {path} (a config is d:bits or NAME:bits)")
+    data = load_embeddings(OmegaConf.to_container(OmegaConf.load(path)), n_base=args.real_n,
+                           n_queries=args.queries)
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    return name, int(bits), unit(data.base), unit(data.queries)
+
+
+def bench_config(data: str, bits: int, base: np.ndarray, queries: np.ndarray,
+                 args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Rows of one (data, d, bits): build seconds, one-query ms, batch queries/s and recall per index."""
     from turboquant.ann import recall_at_1_at_k
 
-    rng = np.random.default_rng(dim)
-    base, queries = _unit(rng, args.n, dim), _unit(rng, args.queries, dim)
+    dim = base.shape[1]
     truth = np.argmax(queries @ base.T, axis=1)
     indexes, rows = {}, {}
     for method, (name, options) in {**FAST, **SLOW}.items():
@@ -116,10 +143,11 @@ def bench_config(dim: int, bits: int, args: argparse.Namespace) -> list[dict[str
         indexes[method] = index
         timed = min(args.slow_queries, args.queries) if method == "rabitq" else args.queries
         single = min(args.slow_single, timed) if method == "rabitq" else args.single
-        rows[method] = {"dim": dim, "bits": bits, "method": method, "n_base": args.n, "build_s": build_s,
+        rows[method] = {"data": data, "dim": dim, "bits": bits, "method": method, "n_base": len(base),
+                        "build_s": build_s,
                         "batch": timed, "single_queries": single, "one_query_ms": np.inf,
                         "batch_s": np.inf, "rounds": 0}
-        print(f"d={dim} bits={bits} {method}: built in {build_s:.2f} s", flush=True)
+        print(f"{data} d={dim} bits={bits} {method}: built in {build_s:.2f} s", flush=True)
     for round_ in range(args.rounds):
         for method, index in indexes.items():
             if method in SLOW and round_:
@@ -137,31 +165,43 @@ def bench_config(dim: int, bits: int, args: argparse.Namespace) -> list[dict[str
     return list(rows.values())
 
 
+def _data_words(df: pd.DataFrame) -> str:
+    """What the rows searched, for titles: random unit vectors are said to be synthetic."""
+    names = [name for name in dict.fromkeys(df["data"]) if name != "random"]
+    words = ["random unit vectors (synthetic data, not embeddings)"] if "random" in set(df["data"]) else []
+    return " and ".join(words + ([f"real embeddings ({', '.join(names)})"] if names else []))
+
+
 def markdown(df: pd.DataFrame, header: dict[str, Any]) -> str:
     """The rows as a table, then TurboQuant / PQ fast-scan ratios per config (same run)."""
-    lines = [f"# CPU search, {header['n']} random unit vectors ({header['cpu']}, {header['threads']} threads, "
+    lines = [f"# CPU search on {_data_words(df)} ({header['cpu']}, {header['threads']} threads, "
              f"faiss {header['faiss']}); command: `{header['command']}`", "",
-             "| d | bits | index | build s | one query ms | batch | batch q/s | R@1@1 | R@1@k | rounds | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| data | n | d | bits | index | build s | one query ms | batch | batch q/s | R@1@1 | R@1@k | rounds "
+             "| load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in df.iterrows():
-        lines.append(f"| {r.dim} | {r.bits} | {r.method} | {r.build_s:.3g} | {r.one_query_ms:.3g} | {r.batch} | "
+        lines.append(f"| {r.data} | {r.n_base} | {r.dim} | {r.bits} | {r.method} | {r.build_s:.3g} | "
+                     f"{r.one_query_ms:.3g} | {r.batch} | "
                      f"{r.batch_queries_per_s:.4g} | {r.recall_at_1:.3f} | {r.recall_at_k:.3f} | {r.rounds} | "
                      f"{r.load_average:.2f} |")
     lines += ["", "TurboQuant batch, one profiled search (cProfile): seconds in the query transform, the faiss scan "
               "(all shards) and the exact re-rank, beside IndexPQFastScan's fastest batch:", "",
-              "| d | bits | index | profiled s | transform s | scan s | re-rank s | PQFastScan batch s |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| data | d | bits | index | profiled s | transform s | scan s | re-rank s | PQFastScan batch s |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for _, r in df[df["method"].str.startswith("turboquant")].iterrows():
-        pq = df[(df["dim"] == r.dim) & (df["bits"] == r.bits) & (df["method"] == "pq_fastscan")]["batch_s"]
-        lines.append(f"| {r.dim} | {r.bits} | {r.method} | {r.batch_profiled_s:.3g} | {r.batch_transform_s:.3g} | "
+        pq = df[(df["data"] == r.data) & (df["dim"] == r.dim) & (df["bits"] == r.bits)
+                & (df["method"] == "pq_fastscan")]["batch_s"]
+        lines.append(f"| {r.data} | {r.dim} | {r.bits} | {r.method} | {r.batch_profiled_s:.3g} | "
+                     f"{r.batch_transform_s:.3g} | "
                      f"{r.batch_scan_s:.3g} | {r.batch_rerank_s:.3g} | {pq.iloc[0] if len(pq) else float('nan'):.3g} |")
     lines += ["", "TurboQuant / IndexPQFastScan (> 1: TurboQuant faster), same run:", ""]
-    for (dim, bits), part in df.groupby(["dim", "bits"]):
+    for (data, dim, bits), part in df.groupby(["data", "dim", "bits"], sort=False):
         by = part.set_index("method")
         for method in ("turboquant_mse", "turboquant_mse_1shard", "turboquant_prod"):
             if method in by.index and "pq_fastscan" in by.index:
                 tq, pq = by.loc[method], by.loc["pq_fastscan"]
-                lines.append(f"- d={dim}, {bits} bits, {method}: one query {pq.one_query_ms / tq.one_query_ms:.2f}x, "
+                lines.append(f"- {data}, d={dim}, {bits} bits, {method}: one query "
+                             f"{pq.one_query_ms / tq.one_query_ms:.2f}x, "
                              f"batch of {int(tq.batch)} {tq.batch_queries_per_s / pq.batch_queries_per_s:.2f}x")
     return "\n".join(lines) + "\n"
 
@@ -172,33 +212,36 @@ def plot(df: pd.DataFrame, out: Path) -> list[Path]:
 
     from experiments.plotting import figure_style, save_figure
 
-    configs = sorted(df.groupby(["dim", "bits"]).groups)
+    configs = list(df.groupby(["data", "dim", "bits"], sort=False).groups)
     methods = list(dict.fromkeys(df["method"]))
     colors = dict(zip(methods, plt.get_cmap("tab10").colors))
     with figure_style():
         fig, axes = plt.subplots(1, len(configs), figsize=(3.6 * len(configs) + 2.4, 3.6), squeeze=False)
-        for ax, (dim, bits) in zip(axes[0], configs):
-            part = df[(df["dim"] == dim) & (df["bits"] == bits)]
+        for ax, (data, dim, bits) in zip(axes[0], configs):
+            part = df[(df["data"] == data) & (df["dim"] == dim) & (df["bits"] == bits)]
             for _, r in part.iterrows():
                 ax.scatter(r.recall_at_k, r.batch_queries_per_s, marker="o", color=colors[r.method])
                 ax.scatter(r.recall_at_k, 1e3 / r.one_query_ms, marker="^", facecolors="none", color=colors[r.method])
             ax.set_yscale("log")
             ax.set_xlabel(f"recall@1@{int(part['k'].iloc[0])}")
             ax.set_ylabel("queries / s")
-            ax.set_title(f"d={dim}, {bits} bits, n={int(part['n_base'].iloc[0])}", fontsize=8)
+            ax.set_title(f"{data}, d={dim}, {bits} bits, n={int(part['n_base'].iloc[0])}", fontsize=8)
         handles = [plt.Line2D([], [], ls="", marker="s", color=colors[m], label=m) for m in methods]
         handles += [plt.Line2D([], [], ls="", marker="o", color="k", label="batch"),
                     plt.Line2D([], [], ls="", marker="^", color="k", markerfacecolor="none", label="one query")]
         axes[0][-1].legend(handles=handles, fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
-        fig.suptitle("CPU search throughput vs recall on random unit vectors (synthetic data, not embeddings), one run (benchmarks/bench_ann_search.py)", fontsize=8)
+        fig.suptitle(f"CPU search throughput vs recall on {_data_words(df)}, one run (benchmarks/bench_ann_search.py)",
+                     fontsize=8)
         fig.tight_layout()
         return save_figure(fig, out, "ann_qps_recall")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", nargs="+", default=["200:4", "1536:4", "1536:2", "3072:4"], help="d:bits")
-    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--configs", nargs="+", default=["200:4", "1536:4", "1536:2", "3072:4"],
+                        help="d:bits (random unit vectors) or NAME:bits (configs/dataset/NAME.yaml)")
+    parser.add_argument("--n", type=int, default=100_000, help="random base vectors")
+    parser.add_argument("--real-n", type=int, default=20_000, help="base vectors of a dataset config")
     parser.add_argument("--queries", type=int, default=200, help="the batch")
     parser.add_argument("--single", type=int, default=10, help="queries timed one at a time")
     parser.add_argument("--slow-queries", type=int, default=5, help="IndexRaBitQ's batch")
@@ -216,16 +259,22 @@ def main(argv: list[str] | None = None) -> int:
     set_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "ann_search.json"
-    header = {"n": args.n, "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    header = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
               "threads": args.threads, "faiss": faiss.__version__,
               "command": "python -m benchmarks.bench_ann_search " + " ".join(sys.argv[1:] if argv is None else argv)}
     saved = json.loads(path.read_text()) if path.exists() else {"header": header, "rows": []}
+    for row in saved["rows"]:  # rows written before real data were random
+        row.setdefault("data", "random")
     for config in args.configs:
-        dim, bits = (int(part) for part in config.split(":"))
-        if any(r["dim"] == dim and r["bits"] == bits and r["n_base"] == args.n for r in saved["rows"]):
-            print(f"d={dim} bits={bits}: in {path}, skipped", flush=True)
+        name, bits = config.rsplit(":", 1)
+        data, n = ("random", args.n) if name.isdigit() else (name, args.real_n)
+        done = [r for r in saved["rows"] if r["data"] == data and r["bits"] == int(bits) and r["n_base"] == n
+                and (data != "random" or r["dim"] == int(name))]
+        if done:
+            print(f"{config}: in {path}, skipped", flush=True)
             continue
-        saved["rows"] += bench_config(dim, bits, args)
+        data, bits, base, queries = load_config(config, args)
+        saved["rows"] += bench_config(data, bits, base, queries, args)
         path.write_text(json.dumps(saved, indent=1))
     df = pd.DataFrame(saved["rows"])
     (args.out / "ann_search.md").write_text(markdown(df, saved["header"]))

@@ -26,8 +26,21 @@ def test_bench_ann_search_writes_rows_table_and_figure_and_resumes(tmp_path):
         assert 0 < row["batch_scan_s"] <= row["batch_profiled_s"]
         assert 0 < row["batch_rerank_s"] < row["batch_profiled_s"]
     table = (tmp_path / "ann_search.md").read_text()
-    assert "turboquant_mse_1shard: one query" in table and "| 32 | 4 | rabitq |" in table
+    assert "turboquant_mse_1shard: one query" in table and "| random | 600 | 32 | 4 | rabitq |" in table
     assert (tmp_path / "ann_qps_recall.png").exists() and (tmp_path / "ann_qps_recall.pdf").exists()
     mtime = (tmp_path / "ann_search.json").stat().st_mtime_ns
     bench_ann_search.main([*ARGS, "--out", str(tmp_path)])  # the config is saved: nothing rebuilt
     assert (tmp_path / "ann_search.json").stat().st_mtime_ns == mtime
+
+
+def test_bench_ann_search_runs_a_dataset_config(tmp_path):
+    """``NAME:bits`` reads configs/dataset/NAME.yaml (real GloVe-50 here), unit-normalized, ``--real-n`` rows."""
+    args = [*ARGS[2:], "--real-n", "300", "--out", str(tmp_path)]
+    args[args.index("32:4")] = "glove50:4"
+    assert bench_ann_search.main(args) == 0
+    rows = json.loads((tmp_path / "ann_search.json").read_text())["rows"]
+    assert {(r["data"], r["dim"], r["n_base"]) for r in rows} == {("glove50", 50, 300)}
+    assert next(r for r in rows if r["method"] == "exact")["recall_at_1"] == 1.0
+    assert "real embeddings (glove50)" in (tmp_path / "ann_search.md").read_text()
+    with pytest.raises(SystemExit, match="no dataset config"):
+        bench_ann_search.main([*args[:-2], "--configs", "no_such_data:4", "--out", str(tmp_path / "x")])
