@@ -112,14 +112,18 @@ def load_config(config: str, args: argparse.Namespace) -> tuple[str, int, np.nda
     if name.isdigit():
         rng = np.random.default_rng(int(name))
         return "random", int(bits), _unit(rng, args.n, int(name)), _unit(rng, args.queries, int(name))
+    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from experiments.data.embeddings import load_embeddings
 
-    path = Path(__file__).resolve().parents[1] / "configs" / "dataset" / f"{name}.yaml"
-    if not path.exists():
-        raise SystemExit(f"config {config!r}: no dataset config {path} (a config is d:bits or NAME:bits)")
-    data = load_embeddings(OmegaConf.to_container(OmegaConf.load(path)), n_base=args.real_n,
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    if not (configs / "dataset" / f"{name}.yaml").exists():
+        raise SystemExit(f"config {config!r}: no dataset config configs/dataset/{name}.yaml "
+                         "(a config is d:bits or NAME:bits)")
+    with initialize_config_dir(config_dir=str(configs), version_base=None):  # the group as run.py composes it
+        dataset = compose("config", overrides=["experiment=distortion", f"dataset={name}"]).dataset
+    data = load_embeddings(OmegaConf.to_container(dataset, resolve=True), n_base=args.real_n,
                            n_queries=args.queries)
 
     def unit(x: np.ndarray) -> np.ndarray:
