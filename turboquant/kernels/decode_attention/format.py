@@ -27,11 +27,9 @@ class GroupFields(NamedTuple):
     residual_norms: torch.Tensor | None = None  # (B, H, T): rho = ||r|| of the unit vector's residual
 
 
-# The fewest code groups (unpadded) a value group has in the shapes the H200 checks passed with the register
-# decoders and the 3-bit channel-order tile: 12 (96 channels of 3-bit codes, the 3.5-bit preset at head_dim 128).
-# In session 9 the GPU kernel suite failed for value groups of 1-8 code groups (the head_dim-64 / -32 splits, with
-# session 8's kernels too; not located, ``benchmarks/NOTES.md``): they keep the table decoder and the stream-order
-# path that every committed LLM cell used.
+# The fewest code groups (unpadded) of a value group in the shapes whose GPU checks pass with the register decoders
+# and the 3-bit channel-order tile (96 channels of 3-bit codes); smaller value groups keep the table decoder and
+# the stream-order path (benchmarks/NOTES.md, Session 9: the failures below it are not located yet).
 GPU_CHECKED_GROUPS = 12
 
 
