@@ -6,8 +6,8 @@ fp32 brute-force scan, one query at a time and a batch, at equal bits per coordi
 For each ``d:bits`` of ``--configs`` (default 200:4 1536:4 1536:2 3072:4), ``--n`` random unit vectors and
 ``--queries`` random unit queries (seeded by d); a config ``NAME:bits`` instead reads the dataset config
 ``configs/dataset/NAME.yaml`` (e.g. ``glove50``, ``dbpedia_minilm``, ``dbpedia_minilm_lift1536``: real embeddings,
-``experiments.data.load_embeddings``), ``--real-n`` base rows and ``--queries`` disjoint queries, unit-normalized as
-in ``ann_recall``. Indexes (``turboquant.ann.make_index``): TurboQuant_mse and
+``experiments.ann_recall.load_ann_dataset``), ``--real-n`` base rows and ``--queries`` disjoint queries,
+unit-normalized as in ``ann_recall``. Indexes (``turboquant.ann.make_index``): TurboQuant_mse and
 TurboQuant_prod (randomized Hadamard rotation, ``scorer="fastscan"``; TurboQuant_mse also with its fast-scan rows
 in one faiss index instead of one per thread, ``turboquant_mse_1shard``), ``pq_fastscan`` (M = d·bits/4 sub-quantizers
 of 4 bits), ``pq`` (8-bit sub-quantizers), ``rabitq`` (``nb_bits = bits``, float queries) and ``exact``
@@ -115,7 +115,7 @@ def load_config(config: str, args: argparse.Namespace) -> tuple[str, int, np.nda
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from experiments.data.embeddings import load_embeddings
+    from experiments.ann_recall import load_ann_dataset
 
     configs = Path(__file__).resolve().parents[1] / "configs"
     if not (configs / "dataset" / f"{name}.yaml").exists():
@@ -123,14 +123,9 @@ def load_config(config: str, args: argparse.Namespace) -> tuple[str, int, np.nda
                          "(a config is d:bits or NAME:bits)")
     with initialize_config_dir(config_dir=str(configs), version_base=None):  # the group as run.py composes it
         dataset = compose("config", overrides=["experiment=distortion", f"dataset={name}"]).dataset
-    data = load_embeddings(OmegaConf.to_container(dataset, resolve=True), n_base=args.real_n,
-                           n_queries=args.queries)
-
-    def unit(x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float32)
-        return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-    return name, int(bits), unit(data.base), unit(data.queries)
+    data = load_ann_dataset(name, OmegaConf.to_container(dataset, resolve=True), args.real_n, args.queries, seed=0,
+                            normalize=True)
+    return name, int(bits), data.base, data.queries
 
 
 def bench_config(data: str, bits: int, base: np.ndarray, queries: np.ndarray,

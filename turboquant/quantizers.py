@@ -507,8 +507,8 @@ class QJL(_VectorQuantizer):
         return pack_codes((vectors @ self.matrix.T >= 0).to(torch.uint8), 1)
 
     def signs(self, packed: torch.Tensor) -> torch.Tensor:
-        """±1 float32 (n, d) from packed sign bits."""
-        return unpack_codes(packed, 1, self.dim).float() * 2 - 1
+        """±1 float32 (n, d) from packed sign bits: the QJL stage's two-entry codebook (:meth:`score_stages`)."""
+        return self._sign_values[unpack_codes(packed, 1, self.dim).long()]
 
     def sketch(self, queries: torch.Tensor) -> torch.Tensor:
         """S y for queries (m, d): scores against sign vectors z are then ⟨Sy, z⟩ = ⟨y, Sᵀz⟩."""

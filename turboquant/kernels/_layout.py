@@ -89,21 +89,16 @@ def load_group_words(row_ptrs, row_mask, g_offs, row_bytes, BYTES_PER_GROUP: tl.
     thread a whole row, so a tile decoded from it in channel order reaches shared memory one 16-bit value per
     store (``benchmarks/NOTES.md``, session 9).
     """
-    if GROUPS_ACROSS_THREADS:
-        word_t = tl.zeros((g_offs.shape[0], row_ptrs.shape[0]), dtype=tl.int32)
-        for i in tl.static_range(BYTES_PER_GROUP):
-            col = g_offs * BYTES_PER_GROUP + i
+    word = tl.zeros((row_ptrs.shape[0], g_offs.shape[0]), dtype=tl.int32)
+    for i in tl.static_range(BYTES_PER_GROUP):
+        col = g_offs * BYTES_PER_GROUP + i
+        if GROUPS_ACROSS_THREADS:
             mask = row_mask[None, :] & (col < row_bytes)[:, None]
-            byte = tl.load(row_ptrs[None, :] + col[:, None], mask=mask, other=0)
-            word_t = word_t | (byte.to(tl.int32) << (8 * i))
-        word = tl.trans(word_t)
-    else:
-        word = tl.zeros((row_ptrs.shape[0], g_offs.shape[0]), dtype=tl.int32)
-        for i in tl.static_range(BYTES_PER_GROUP):
-            col = g_offs * BYTES_PER_GROUP + i
+            byte = tl.trans(tl.load(row_ptrs[None, :] + col[:, None], mask=mask, other=0))
+        else:
             mask = row_mask[:, None] & (col < row_bytes)[None, :]
             byte = tl.load(row_ptrs[:, None] + col[None, :], mask=mask, other=0)
-            word = word | (byte.to(tl.int32) << (8 * i))
+        word = word | (byte.to(tl.int32) << (8 * i))
     return word
 
 

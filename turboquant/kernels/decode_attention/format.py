@@ -100,7 +100,7 @@ class CacheFormat:
         device on first use only (a format built once serves every later launch and CUDA-graph replay)."""
         return all(symmetric_codebook(table) for table in (*self.key_tables, *self.value_tables))
 
-    @property
+    @cached_property
     def prmt_checked(self) -> bool:
         """Every value group has at least :data:`GPU_CHECKED_GROUPS` code groups (unpadded), the shapes whose
         ``prmt`` decoding passed the H200 checks; ``decoder="auto"`` keeps the table decoder for the others."""

@@ -210,7 +210,8 @@ def _store_values(part, acc_a, acc_b, inv_l, head_mask, GEOMETRY: tl.constexpr):
         tl.store(part + OFF + even[None, :] + 1, acc_b * inv_l[:, None],
                  mask=head_mask[:, None] & (even + 1 < DIM)[None, :])
     else:
-        coords = tl.arange(0, CPG * GROUPS) if GEOMETRY[6] else stream_coordinates(g_offs, CPG)
+        CHANNEL_ORDER: tl.constexpr = GEOMETRY[6]
+        coords = tl.arange(0, CPG * GROUPS) if CHANNEL_ORDER else stream_coordinates(g_offs, CPG)
         tl.store(part + OFF + coords[None, :], acc_a * inv_l[:, None],
                  mask=head_mask[:, None] & (coords < DIM)[None, :])
 
