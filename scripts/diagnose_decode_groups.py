@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"
 from test_kernel_decode_attention import random_permutation, random_stream, rel_err  # noqa: E402
 
 from turboquant.kernels.decode_attention import (CacheFormat, decode_attention_groups_reference,  # noqa: E402
-                                                 decode_attention_groups_triton, format as cache_format_module)
+                                                 decode_attention_groups_triton)
 
 #: (label, key groups (dim, bits, qjl), value groups (dim, bits))
 CASES = [
@@ -41,10 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda")
     device = torch.device(parser.parse_args(argv).device)
     decoders = ("table", "select", "prmt") if device.type == "cuda" else ("table", "select")
-    guarded = cache_format_module.GPU_CHECKED_GROUPS
-    for checked, (label, key_groups, value_groups), block_n, permute, decoder in itertools.product(
-            (guarded, 1), CASES, (16, 64), (False, True), decoders):
-        cache_format_module.GPU_CHECKED_GROUPS = checked  # read when a format is built
+    for (label, key_groups, value_groups), block_n, permute, decoder in itertools.product(
+            CASES, (16, 32, 64, 128), (False, True), decoders):
         generator = torch.Generator().manual_seed(0)
         lens = [61, 23]
         batch, dim = len(lens), sum(g[0] for g in key_groups)
@@ -64,8 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             error = f"{rel_err(out, ref):.2e}"
         except Exception as problem:  # a compile error is a finding too
             error = f"{type(problem).__name__}: {str(problem)[:80]}"
-        guard = "guarded" if checked == guarded else "unguarded"
-        print(f"{guard} | {label} | bn{block_n} | permute={permute} | {decoder} | {error}", flush=True)
+        print(f"{label} | bn{block_n} | permute={permute} | {decoder} | {error}", flush=True)
 
 
 if __name__ == "__main__":

@@ -217,27 +217,37 @@ def test_register_decoder_check_under_inference_mode(device, generator):
     assert rel_err(out, ref) < 1e-3
 
 
-def test_auto_decoder_keeps_the_table_where_prmt_is_unchecked(generator):
-    """``auto`` picks ``prmt`` on CUDA only for formats whose value groups have the code groups of the shapes the
-    H200 checks passed (``GPU_CHECKED_GROUPS``), and only those 3-bit value groups decode in channel order; both
-    are decided without a GPU, so they are checked here on the CPU."""
-    from turboquant.kernels._decode import resolve_decoder
+@pytest.mark.parametrize("block_n", [16, 64, 128])
+def test_three_bit_tiles_match_reference_at_every_tile_size(device, generator, block_n):
+    """3-bit keys of 128 channels and a 96-channel 3-bit value group decode in channel order in tiles of 64 tokens
+    or more and per code position below (``CHANNEL_ORDER_MIN_TOKENS``); both paths give the reference's output.
+    On the H200 the channel-order tile at 16 tokens was wrong (relative error ~1) with every decoder."""
+    lens = [150, 77]
+    keys, key_format = random_stream(2, 2, max(lens), [(128, 3, False)], generator, device, seed=3)
+    values, value_format = random_stream(2, 2, max(lens), [(32, 4, False), (96, 3, False)], generator, device, seed=7)
+    cache_format = CacheFormat.build(key_format, value_format, device)
+    perms = {"key_permutation": random_permutation(2, 2, 128, generator, device),
+             "value_permutation": random_permutation(2, 2, 128, generator, device)}
+    q = torch.randn(2, 8, 128, generator=generator).to(device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, num_splits=2, block_n=block_n,
+                                         **perms)
+    ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format, **perms)
+    assert rel_err(out, ref) < 3e-3
+
+
+def test_value_channel_order_follows_the_tile_size(generator):
+    """The kernel's value geometry (``CacheFormat.kernel_meta``): 3-bit value groups in channel order only in tiles
+    of at least ``CHANNEL_ORDER_MIN_TOKENS`` tokens, other widths never; decided on the host, so checked on the CPU."""
+    from turboquant.kernels._decode import CHANNEL_ORDER_MIN_TOKENS
 
     cpu = torch.device("cpu")
-    formats = {}
-    for dim, groups in ((64, [(16, 4), (48, 3)]), (128, [(32, 4), (96, 3)]), (128, [(128, 3)])):
-        _, value_format = random_stream(1, 1, 4, [(m, b, False) for m, b in groups], generator, cpu, seed=7)
-        formats[(dim, len(groups))] = CacheFormat.build(value_format, value_format, cpu)
-    assert not formats[(64, 2)].prmt_checked  # 16 channels at 4 bits: 8 code groups
-    assert formats[(128, 2)].prmt_checked and formats[(128, 1)].prmt_checked
-    channel_order = {key: [f.meta[f"V{part}"][6] for part in range(1 + f.meta["V_SPLIT"])]
-                     for key, f in formats.items()}
-    assert channel_order == {(64, 2): [False, False], (128, 2): [False, True], (128, 1): [True]}
-    cuda = torch.device("cuda")  # only compared, never allocated on
-    for key, cache_format in formats.items():
-        chosen = resolve_decoder("auto", cuda, lambda: True, cache_format.prmt_checked)
-        assert chosen == ("prmt" if cache_format.prmt_checked else "table"), key
-    assert resolve_decoder("prmt", cuda, lambda: True, False) == "prmt"  # an explicit choice is kept
+    _, value_format = random_stream(1, 1, 4, [(16, 4, False), (48, 3, False)], generator, cpu, seed=7)
+    cache_format = CacheFormat.build(value_format, value_format, cpu)
+    order = {block_n: [cache_format.kernel_meta(block_n)[f"V{part}"][6] for part in range(2)]
+             for block_n in (16, 32, CHANNEL_ORDER_MIN_TOKENS.value, 128)}
+    assert order == {16: [False, False], 32: [False, False], 64: [False, True], 128: [False, True]}
+    assert cache_format.kernel_meta(128) is cache_format.meta  # no copy on the default tiles
 
 
 def test_register_decoder_needs_a_symmetric_codebook(device, generator):

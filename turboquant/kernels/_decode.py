@@ -38,19 +38,22 @@ import triton.language as tl
 
 DECODERS = ("auto", "table", "select", "prmt")
 
+# The fewest tokens of a tile that :func:`channel_order_tile` is used in: on the H200 (Triton 3.6) a 16-token tile
+# decoded in channel order gave wrong attention outputs with every decoder, 64- and 128-token tiles exact values
+# (benchmarks/NOTES.md, Session 10); smaller tiles decode 3-bit codes per code position instead.
+CHANNEL_ORDER_MIN_TOKENS = tl.constexpr(64)
 
-def resolve_decoder(decoder: str, device: torch.device, symmetric: Callable[[], bool],
-                    prmt_checked: bool = True) -> str:
+
+def resolve_decoder(decoder: str, device: torch.device, symmetric: Callable[[], bool]) -> str:
     """The decoder a kernel compiles: ``"auto"`` is ``"prmt"`` on CUDA when the codebooks are symmetric (the fastest
-    measured, ``benchmarks/NOTES.md``) and ``prmt_checked`` (the caller's shapes are ones the GPU checks passed with
-    it), else ``"table"`` (the interpreter cannot run PTX). An explicit decoder is
+    measured, ``benchmarks/NOTES.md``), else ``"table"`` (the interpreter cannot run PTX). An explicit decoder is
     returned as given; ValueError unless it is one of :data:`DECODERS` and, for a register decoder, ``symmetric()``
     says the codebooks are sorted and symmetric (:func:`turboquant.codebook.symmetric_codebook`; only asked then,
     since it may read the codebook back from the device)."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
     if decoder == "auto":
-        return "prmt" if device.type == "cuda" and prmt_checked and symmetric() else "table"
+        return "prmt" if device.type == "cuda" and symmetric() else "table"
     if decoder != "table" and not symmetric():
         raise ValueError(f"decoder {decoder!r} needs sorted symmetric codebooks (c[2^b-1-i] = -c[i], the Lloyd-Max "
                          "codebook); this one is not: use decoder='table'")

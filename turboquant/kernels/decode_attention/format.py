@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ...codebook import symmetric_codebook
+from .._decode import CHANNEL_ORDER_MIN_TOKENS
 from .._layout import SUPPORTED_BITS, group_geometry, num_groups, packed_row_bytes, pow2_at_least
 
 MAX_CHANNEL_GROUPS = 2
@@ -27,10 +28,6 @@ class GroupFields(NamedTuple):
     residual_norms: torch.Tensor | None = None  # (B, H, T): rho = ||r|| of the unit vector's residual
 
 
-# The fewest code groups (unpadded) of a value group in the shapes whose GPU checks pass with the register decoders
-# and the 3-bit channel-order tile (96 channels of 3-bit codes); smaller value groups keep the table decoder and
-# the stream-order path (benchmarks/NOTES.md, Session 9: the failures below it are not located yet).
-GPU_CHECKED_GROUPS = 12
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,12 +97,13 @@ class CacheFormat:
         device on first use only (a format built once serves every later launch and CUDA-graph replay)."""
         return all(symmetric_codebook(table) for table in (*self.key_tables, *self.value_tables))
 
-    @cached_property
-    def prmt_checked(self) -> bool:
-        """Every value group has at least :data:`GPU_CHECKED_GROUPS` code groups (unpadded), the shapes whose
-        ``prmt`` decoding passed the H200 checks; ``decoder="auto"`` keeps the table decoder for the others."""
-        return all(num_groups(self.meta[f"V{part}"][4], self.meta[f"V{part}"][0]) >= GPU_CHECKED_GROUPS
-                   for part in range(1 + self.meta["V_SPLIT"]))
+    def kernel_meta(self, block_n: int) -> dict[str, Any]:
+        """:attr:`meta` for tiles of ``block_n`` tokens: 3-bit value groups decode in channel order only in tiles of
+        at least :data:`~turboquant.kernels._decode.CHANNEL_ORDER_MIN_TOKENS` tokens (below it, in stream order)."""
+        if block_n >= CHANNEL_ORDER_MIN_TOKENS.value:
+            return self.meta
+        return {**self.meta, **{f"V{part}": ValueGeometry(*self.meta[f"V{part}"])._replace(channel_order=False)
+                                for part in range(2)}}
 
     @property
     def head_dim(self) -> int:
@@ -170,8 +168,8 @@ class KeyGeometry(NamedTuple):
 class ValueGeometry(NamedTuple):
     """Compile-time geometry of one value channel group, in the kernel's order: code width and layout, code
     groups padded to a power of two, channels, the first channel of its rotated output, and whether its tile is
-    decoded whole in channel order (``channel_order``: 3-bit groups of at least :data:`GPU_CHECKED_GROUPS` code
-    groups, ``_decode.channel_order_tile``; the others decode per code in stream order)."""
+    decoded whole in channel order (``channel_order``: 3-bit groups, ``_decode.channel_order_tile``, in tiles of
+    enough tokens, :meth:`CacheFormat.kernel_meta`; the others decode per code in stream order)."""
 
     bits: int
     bpg: int
@@ -203,9 +201,8 @@ def _key_stage_columns(group: ChannelGroup, geometry: KeyGeometry, device: torch
 
 def _value_geometry(group: ChannelGroup, channel_offset: int) -> ValueGeometry:
     bpg, cpg = group_geometry(group.bits)
-    real = num_groups(group.dim, group.bits)
-    return ValueGeometry(group.bits, bpg, cpg, pow2_at_least(real), group.dim, channel_offset,
-                         group.bits == 3 and real >= GPU_CHECKED_GROUPS)
+    return ValueGeometry(group.bits, bpg, cpg, pow2_at_least(num_groups(group.dim, group.bits)), group.dim,
+                         channel_offset, group.bits == 3)
 
 
 # an absent second channel group (never read: K_SPLIT / V_SPLIT are False)

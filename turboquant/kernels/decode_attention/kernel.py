@@ -20,7 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._decode import channel_order_tile, code_values, nibble_pair_values, three_bit_group_values
+from .._decode import (CHANNEL_ORDER_MIN_TOKENS, channel_order_tile, code_values, nibble_pair_values,
+                      three_bit_group_values)
 from .._layout import load_group_words, stream_coordinates, words_to_stream_codes
 
 
@@ -63,20 +64,22 @@ def _stage_scores(rows, tok_mask, row_bytes, q_cols, head_mask, table_ptr,
     stage's query in stream order (position ``k * GROUPS + g`` = code k of group g).
 
     With at least 16 code groups: one product per code position k (K = GROUPS); 4-bit codes decode both positions
-    of a byte at once (:func:`nibble_pair_values`). A smaller stage (the outlier group: 32 channels of 3-bit codes
+    of a byte at once (:func:`nibble_pair_values`), 3-bit codes all 8 of a group at once in channel order (tiles of
+    ``CHANNEL_ORDER_MIN_TOKENS`` tokens or more). A smaller stage (the outlier group: 32 channels of 3-bit codes
     or of sign bits are 4 groups) packs ``16 // GROUPS`` code positions into the 16 columns a ``tl.dot`` needs
     (column c: position k0 + c // GROUPS of group c % GROUPS, the same stream order), rather than padding every
     position to 16 groups."""
     acc = tl.zeros((rows.shape[0], BLOCK_M), dtype=tl.float32)
     if GROUPS >= 16:
         g_offs = tl.arange(0, GROUPS)
-        words = load_group_words(rows, tok_mask, g_offs, row_bytes, BPG, BITS == 3)
+        CHANNEL_ORDER: tl.constexpr = BITS == 3 and rows.shape[0] >= CHANNEL_ORDER_MIN_TOKENS
+        words = load_group_words(rows, tok_mask, g_offs, row_bytes, BPG, CHANNEL_ORDER)
         if CPG == 2 and not SIGNS:
             even, odd = nibble_pair_values(words, table_ptr, DECODE)
             q_even = tl.load(q_cols + g_offs[:, None], mask=head_mask[None, :], other=0.0)
             q_odd = tl.load(q_cols + (GROUPS + g_offs)[:, None], mask=head_mask[None, :], other=0.0)
             acc = _matmul(odd, q_odd, _matmul(even, q_even, acc, INNER), INNER)
-        elif BITS == 3:  # the 8 codes of a group word decoded at once, one product in channel order
+        elif CHANNEL_ORDER:  # the 8 codes of a group word decoded at once, one product in channel order
             keys = channel_order_tile(three_bit_group_values(words, table_ptr, DECODE))
             c = tl.arange(0, 8 * GROUPS)
             q_t = tl.load(q_cols + ((c % 8) * GROUPS + c // 8)[:, None], mask=head_mask[None, :], other=0.0)

@@ -98,8 +98,7 @@ def decode_attention_groups_triton(
         decoder: how codes become centroids in registers (``turboquant.kernels._decode``): ``"table"`` (gather
             from the codebook in memory), ``"select"`` (register codebook, needs the symmetric Lloyd-Max
             codebook), ``"prmt"`` (byte-permute lookups for 3- and 4-bit groups in inline PTX: GPU only), or
-            ``"auto"`` (``"prmt"`` on CUDA for a format that is :attr:`CacheFormat.prmt_checked`, else ``"table"``:
-            ``_decode.resolve_decoder``).
+            ``"auto"`` (``"prmt"`` on CUDA for symmetric codebooks, else ``"table"``: ``_decode.resolve_decoder``).
         inner: the multiply of the inner loop: ``"dot"`` (tensor cores, the GQA group padded to 16 rows) or
             ``"fma"`` (CUDA-core FMAs over the group's own rows; decode is a matrix-vector product per head).
         return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
@@ -108,7 +107,7 @@ def decode_attention_groups_triton(
     """
     check_inputs(q, keys, values, seq_lens, cache_format, key_permutation, value_permutation)
     check_device(q.device)
-    decoder = resolve_decoder(decoder, q.device, lambda: cache_format.symmetric, cache_format.prmt_checked)
+    decoder = resolve_decoder(decoder, q.device, lambda: cache_format.symmetric)
     if inner not in ("dot", "fma"):
         raise ValueError(f"inner must be 'dot' or 'fma', got {inner!r}")
     batch, n_heads, dim = q.shape
@@ -140,7 +139,7 @@ def decode_attention_groups_triton(
         tokens_per_split, q_stages.stride()[:2], part_out.stride()[:3], part_lse.stride()[:2],
         scale * math.log2(math.e),
         GROUP=group, BLOCK_M=pow2_at_least(group, floor=16 if inner == "dot" else 1), BLOCK_N=block_n,
-        DECODE=decoder if lookup else "none", INNER=inner, **cache_format.meta,
+        DECODE=decoder if lookup else "none", INNER=inner, **cache_format.kernel_meta(block_n),
         num_warps=num_warps, num_stages=num_stages,
     )
     out = torch.empty((batch, n_heads, dim), dtype=q.dtype, device=q.device)
