@@ -290,8 +290,11 @@ NEEDLE_ROTATION_PAIR = ("turboquant_3p5_window_hadamard", "turboquant_3p5_window
 
 def needle_rotation_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
     """``disputes.hadamard_vs_haar.needle`` from a needle run's rows: per (context, depth) cell, the score of
-    the Hadamard preset minus the Haar preset's (each averaged over its seeds), mean ± SE over the cells both
-    have; only the latest run's cells count (``unit_ids`` in the provenance), as in needle's own rows."""
+    the Hadamard preset minus the Haar preset's (each averaged over its seeds), mean over the cells both have; only
+    the latest run's cells count (``unit_ids`` in the provenance), as in needle's own rows. The SE is the larger of
+    the SE over cells and, when both methods have two seeds or more, the SE over seeds (the difference of the two
+    methods' seed means on those cells): one rotation serves every cell of a seed, so the cells are not independent
+    draws of the rotation."""
     unit_ids = recorded_unit_ids(df.attrs.get("provenance", {}))
     if unit_ids is not None:
         df = df[df["unit_id"].isin(set(unit_ids))]
@@ -303,6 +306,11 @@ def needle_rotation_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
         return []
     seeds = {m: int(df.loc[df["method"] == m, "method_seed"].nunique()) for m in NEEDLE_ROTATION_PAIR}
     se = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else math.nan
+    if min(seeds.values()) > 1:
+        cells = df.set_index(["context", "depth"]).index.isin(diff.index)
+        seed_means = [df[cells & (df["method"] == m)].groupby("method_seed")["score"].mean()
+                      for m in NEEDLE_ROTATION_PAIR]
+        se = max(se, math.sqrt(sum(float(means.var(ddof=1)) / len(means) for means in seed_means)))
     return [{"id": "disputes.hadamard_vs_haar.needle", "value": float(diff.mean()), "se": se,
              "detail": f"{NEEDLE_ROTATION_PAIR[0]} ({seeds[NEEDLE_ROTATION_PAIR[0]]} seeds) − {NEEDLE_ROTATION_PAIR[1]} "
                        f"({seeds[NEEDLE_ROTATION_PAIR[1]]} seeds), mean of {len(diff)} per-cell differences "

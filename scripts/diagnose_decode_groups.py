@@ -1,14 +1,13 @@
-"""Locate session 9's GPU-only decode failure: relative error of ``decode_attention_groups_triton`` against its
-float64 reference over the factors the failing cases share (benchmarks/NOTES.md, Session 9).
+"""Relative error of ``decode_attention_groups_triton`` against its float64 reference over value groups x token tile
+x value permutation x decoder: the run that located session 9's GPU-only failure (benchmarks/NOTES.md, Session 10).
 
-    python scripts/diagnose_decode_groups.py            # on a CUDA machine; about a minute of compiles
+    python scripts/diagnose_decode_groups.py            # on a CUDA machine; about two minutes of compiles
     TRITON_INTERPRET=1 python scripts/diagnose_decode_groups.py --device cpu   # the CPU interpreter (no prmt)
 
-On the H200, ``tests/kernels/test_kernel_decode_attention.py::test_channel_groups_match_reference`` failed (relative
-error 1.01) in the cases with two value groups whose second, 3-bit group has 1-6 code groups, at 16-token tiles with
-a value permutation, also with session 8's kernels; the single-group 3-bit cases and the head_dim-128 benchmark
-shapes passed. This prints one line per (value groups, tile, permutation, decoder): the relative error, so one run
-says which factor breaks it. The fields come from the kernel tests' own generator (``random_stream``).
+On the H200, before the fix, every case above 1e-3 had a 16-token tile with a 3-bit group decoded whole in channel
+order, with every decoder (``results/kernels/session10/diagnose_decode_groups_before.txt``); channel order is now
+used only in tiles of ``CHANNEL_ORDER_MIN_TOKENS`` tokens or more. One line per configuration; the fields come from
+the kernel tests' own generator (``random_stream``).
 """
 from __future__ import annotations
 

@@ -267,10 +267,11 @@ def paired_samples(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def agreement_with(df: pd.DataFrame, reference: str) -> pd.DataFrame:
-    """Per method, against ``reference`` on the same samples: ``same_prediction_%`` (identical decoded text)
-    and ``delta_se``, the standard error of the Average difference (×100) from the paired per-sample
-    differences: Average = mean over the 13 datasets, so SE² = Σ_d s_d² / n_d / 13² (s_d: std of the
-    differences on dataset d, n_d its samples)."""
+    """Per method, against ``reference`` on the samples both scored: ``same_prediction_%`` (identical decoded
+    text), ``delta`` (the Average difference ×100, the mean over datasets of the mean per-sample difference; NaN
+    unless every dataset of the reference has a pair), ``delta_se``, its standard error from the paired per-sample
+    differences: Average = mean over the D datasets, so SE² = Σ_d s_d² / n_d / D² (s_d: std of the differences on
+    dataset d, n_d its samples), and ``pairs``, the samples both scored."""
     keys = ["task", "sample_id"]
     ref = df[df["method"] == reference].set_index(keys)[["prediction", "score"]]
     rows = {}
@@ -278,12 +279,15 @@ def agreement_with(df: pd.DataFrame, reference: str) -> pd.DataFrame:
         paired = group.set_index(keys)[["prediction", "score"]].merge(
             ref, left_index=True, right_index=True, how="inner", suffixes=("", "_ref"))
         diff = (paired["score"] - paired["score_ref"]) * 100
-        per_task = diff.groupby(level="task").agg(["var", "count"])
+        per_task = diff.groupby(level="task").agg(["mean", "var", "count"])
         n_tasks = per_task.shape[0]
         variance = (per_task["var"].fillna(0) / per_task["count"]).sum() / n_tasks**2
+        covered = n_tasks == ref.index.get_level_values("task").nunique()
         rows[method] = {
             "same_prediction_%": 100 * float((paired["prediction"].fillna("") == paired["prediction_ref"].fillna("")).mean()),
+            "delta": float(per_task["mean"].mean()) if covered else float("nan"),
             "delta_se": float(np.sqrt(variance)),
+            "pairs": len(paired),
         }
     return pd.DataFrame.from_dict(rows, orient="index")
 
@@ -291,7 +295,10 @@ def agreement_with(df: pd.DataFrame, reference: str) -> pd.DataFrame:
 def tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """``per_dataset`` (method × dataset, score ×100, with sample counts), ``table`` (paper form, methods with
     all 13 datasets) and ``buckets`` (method × LongBench-E length bucket, mean over datasets), all over the
-    samples every method has scored."""
+    samples every method has scored; ``table`` also gives each method's difference to the full cache over all the
+    samples the two have scored (``delta_all_pairs`` ± ``delta_se_all_pairs``, ``pairs``: more power where one
+    method has fewer samples than the others)."""
+    own_pairs = df
     df = paired_samples(df)
     order = _method_order(df)
     labels = df.groupby("method", sort=False)["method_label"].first()
@@ -308,6 +315,10 @@ def tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
             fidelity = agreement_with(df, full[0])
             table.insert(2, "delta_se", fidelity["delta_se"].reindex(table.index))
             table.insert(3, "same_prediction_%", fidelity["same_prediction_%"].reindex(table.index))
+            every_pair = agreement_with(own_pairs, full[0]).reindex(table.index)
+            table.insert(4, "delta_all_pairs", every_pair["delta"])
+            table.insert(5, "delta_se_all_pairs", every_pair["delta_se"])
+            table.insert(6, "pairs", every_pair["pairs"])
     by_bucket = df.groupby(["method", "task", "length_bucket"])["score"].mean().reset_index()
     buckets = by_bucket.pivot_table(index="method", columns="length_bucket", values="score", aggfunc="mean") * 100
     buckets = buckets.reindex(index=order, columns=[b for b in LENGTH_BUCKETS if b in buckets.columns])

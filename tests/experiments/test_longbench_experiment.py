@@ -101,3 +101,23 @@ def test_longbench_runs_resumes_and_tabulates(cfg, tmp_path, monkeypatch):
     pd.testing.assert_frame_equal(again.sort_values("unit_id").reset_index(drop=True),
                                   frame.sort_values("unit_id").reset_index(drop=True))
     assert lb.plot(frame, cfg, tmp_path / "figures")
+
+
+def test_all_pairs_difference_uses_every_sample_a_method_shares_with_full():
+    """``delta_all_pairs`` pairs each method with the full cache on all their common samples, so a third method
+    with fewer samples lowers the paired columns' counts (``delta_vs_full``) but not its own pairs."""
+    rows = []
+    for task in DATASETS:
+        for sample in range(4):
+            base = 0.5 + 0.1 * (sample % 2)
+            rows.append({"task": task, "sample_id": sample, "method": "full", "score": base})
+            rows.append({"task": task, "sample_id": sample, "method": "a", "score": base - 0.1 * (sample == 3)})
+            if sample < 2:
+                rows.append({"task": task, "sample_id": sample, "method": "b", "score": base})
+    frame = pd.DataFrame(rows).assign(prediction="x", length_bucket="0-4k", method_label=lambda d: d["method"],
+                                      paper_method=lambda d: d["method"])
+    table = lb.tables(frame)["table"]
+    assert table.loc["a", "delta_vs_full"] == pytest.approx(0.0)  # samples 0-1 only: where b has scores
+    assert table.loc["a", "delta_all_pairs"] == pytest.approx(-100 * 0.1 / 4)  # sample 3 of 4 lost 0.1
+    assert table.loc["a", "pairs"] == 4 * len(DATASETS) and table.loc["b", "pairs"] == 2 * len(DATASETS)
+    assert table.loc["a", "delta_se_all_pairs"] > 0 and table.loc["b", "delta_all_pairs"] == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pandas as pd
 import pytest
 import torch
@@ -134,3 +135,13 @@ def test_run_measures_rabitq_and_the_matched_methods_under_the_rabitq_rotations_
     bad = disputes_config(tmp_path, "experiment.rabitq_rotations=[haar,qr]")
     with pytest.raises(ValueError, match="rabitq_rotations"):
         qd.run(bad, ResultStore(tmp_path, "quantizer_disputes", bad, qd.RESULT_KEYS))
+
+
+def test_the_needle_rotation_se_covers_the_spread_over_seeds() -> None:
+    """With two seeds each, a rotation that helps every cell in one seed and hurts every cell in the other is a
+    spread over seeds that the per-cell SE (zero here: every cell differs by the same amount) does not see."""
+    hadamard, haar = qd.NEEDLE_ROTATION_PAIR
+    df = needle_rows({hadamard: [[1, 1, 1, 1], [0, 0, 0, 0]], haar: [[0.5, 0.5, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]]})
+    (item,) = qd.needle_rotation_comparison(df)
+    assert item["value"] == pytest.approx(0.0)
+    assert item["se"] == pytest.approx(math.sqrt(pd.Series([1.0, 0.0]).var() / 2))
