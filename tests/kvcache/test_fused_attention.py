@@ -58,6 +58,7 @@ def greedy(model, ids, cache, fused: bool):
     ({"bits": 3.5, "residual_length": 16}, 2),           # outlier split (16 + 48 channels), per-row channel orders
     ({"key_variant": "prod"}, 1),                        # TurboQuant_prod keys: 3-bit MSE + QJL sign bits
     ({"bits": 3.5, "key_variant": "prod", "center_keys": True}, 1),  # split + prod + key mean restored
+    ({"bits": 3.5, "residual_length": 16, "sink_tokens": 4}, 2),  # 16-bit sink tokens join the exact part
 ])
 def test_fused_matches_workspace_path(tiny_model, prompt_ids, options, batch, monkeypatch):
     ids = torch.cat([prompt_ids[:, :PROMPT], prompt_ids[:, 150:150 + PROMPT]])[:batch]

@@ -7,7 +7,7 @@ import torch
 
 from turboquant.kvcache import ModelShape, build_cache
 from turboquant.kvcache.turboquant_cache import (TurboQuantCacheConfig, TurboQuantEncoder, nominal_bits_per_value,
-                                                 turboquant_preset)
+                                                 memory_ratio_at, token_bytes, turboquant_preset)
 
 
 @pytest.mark.parametrize("bits, head_dim, expected", [
@@ -69,6 +69,29 @@ def test_window_keeps_recent_tokens_exact_and_boundary_layers_full():
     assert not torch.allclose(keys[:, :, :64], x[:, :, :64], atol=1e-2)
 
 
+def test_sink_tokens_stay_exact_for_good_and_are_counted():
+    """``sink_tokens=S``: the sequence's first S tokens are stored in 16 bits and read first, whatever the chunking;
+    the window and the quantized blocks are counted from the token after them; the byte formula holds."""
+    shape = ModelShape(num_layers=3, num_kv_heads=1, head_dim=64)
+    x = torch.randn(1, 1, 75, 64)
+    for chunks in ((75,), (2, 1, 40, 32)):
+        cache = build_cache("turboquant", shape, bits=3, residual_length=32, sink_tokens=4)
+        layer, start = cache.layers[1], 0
+        for n in chunks:
+            layer.update(x[:, :, start:start + n], x[:, :, start:start + n], 1)
+            start += n
+        stream = layer.key_stream
+        assert (stream.sink_tokens, stream.quantized_tokens, stream.residual_tokens) == (4, 64, 7)
+        keys, _ = layer._read()
+        torch.testing.assert_close(keys[:, :, :4], x[:, :, :4].half().float())
+        torch.testing.assert_close(keys[:, :, 68:], x[:, :, 68:].half().float())
+        assert not torch.allclose(keys[:, :, 4:68], x[:, :, 4:68], atol=1e-2)
+        assert layer.nbytes() == layer.expected_nbytes() == 64 * 2 * token_bytes([(64, 3)], "mse") + 2 * 2 * 64 * 11
+    config = TurboQuantCacheConfig(key_bits=3, value_bits=3, residual_length=32, sink_tokens=4)
+    assert memory_ratio_at(config, shape, 66) > memory_ratio_at(config.__class__(key_bits=3, value_bits=3,
+                                                                                residual_length=32), shape, 66)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"bits": 9}, "key_bits"),
     ({"bits": 2.3}, "presets"),
@@ -87,6 +110,7 @@ def test_window_keeps_recent_tokens_exact_and_boundary_layers_full():
     ({"fp16_layers": [99]}, "do not exist"),
     ({"memory_ratio": 0.01}, "no TurboQuant preset"),
     ({"bits": 3, "window": 4}, "unknown TurboQuant options"),
+    ({"bits": 3, "sink_tokens": -1}, "sink_tokens"),
 ])
 def test_bad_options_raise_value_errors(options, message):
     shape = ModelShape(num_layers=3, num_kv_heads=2, head_dim=64)

@@ -10,7 +10,7 @@ A decode step of a quantized layer attends over three parts of the sequence:
 1. the packed store (tokens ``0 .. n_q - 1``): the kernel returns ``o_p`` and ``lse_p = log sum_t exp(s_t)``
    with ``s_t = scale * <q, k~_t>``, reading codes and norms only (values are accumulated in the rotated
    domain and rotated back once, see the kernel's docstring);
-2. the 16-bit residual window of the cache (``residual_length``), and
+2. the 16-bit tokens of the cache: its residual window (``residual_length``) and sink tokens (``sink_tokens``), and
 3. the new token itself, which attends to itself at full precision (as in every cache of this package).
 
 Parts 2 and 3 are a handful of tokens: plain torch attention gives ``o_e`` and ``lse_e``. The two partial
@@ -102,8 +102,9 @@ class DecodeStep:
     key_fields: Fields | None      # packed store, tokens 0 .. quantized - 1 (None when empty)
     value_fields: Fields | None
     quantized: int
-    exact_keys: torch.Tensor       # (B, kv_heads, r + 1, d): residual window + the new token, compute dtype
+    exact_keys: torch.Tensor       # (B, kv_heads, s + r + 1, d): sink tokens, residual window, new token
     exact_values: torch.Tensor
+    sink_tokens: int = 0           # s: the first s exact tokens are the sequence's first (``sink_tokens``)
 
 
 def decode_step_attention(query: torch.Tensor, step: DecodeStep, key_encoder: Encoder, value_encoder: Encoder,

@@ -9,6 +9,10 @@ handed to an :class:`Encoder` and stored as packed fields:
 - ``"sliding"`` (KIVI values): the ``R`` most recent tokens stay in 16 bits, older ones are quantized one by
   one as they leave the window.
 
+Optionally the stream's first ``S`` tokens (``sink_length``: attention sinks, StreamingLLM's "first 4 tokens") are
+kept in 16 bits for good and never reach the policy; the stream reads ``[sink ; quantized ; residual]``, oldest
+first.
+
 The stored fields are tensors whose dim 2 is the token (or token-group) axis; each lives in a
 :class:`~turboquant.kvcache.base.TokenBuffer`, so appending a flushed chunk copies that chunk only (amortised
 O(1) per token) and ``fields`` are views equal to the concatenation of every chunk's fields. The 16-bit residual
@@ -62,9 +66,11 @@ def tokens_to_flush(buffered: int, residual_length: int, policy: str) -> int:
     return max(0, buffered - residual_length)
 
 
-def quantized_and_residual(tokens: int, residual_length: int, policy: str) -> tuple[int, int]:
-    """``(quantized, 16-bit)`` token counts after ``tokens`` tokens were written, in any chunking."""
-    quantized = tokens_to_flush(tokens, residual_length, policy)
+def quantized_and_residual(tokens: int, residual_length: int, policy: str, sink_length: int = 0) -> tuple[int, int]:
+    """``(quantized, 16-bit)`` token counts after ``tokens`` tokens were written, in any chunking (the 16-bit count
+    includes the first ``sink_length`` tokens)."""
+    sink = min(tokens, sink_length)
+    quantized = tokens_to_flush(tokens - sink, residual_length, policy)
     return quantized, tokens - quantized
 
 
@@ -80,11 +86,12 @@ class QuantizedStream:
         compute_dtype: torch.dtype,
         keep_workspace: bool = True,
         decode_fn: Callable[[Encoder, Fields], torch.Tensor] | None = None,
+        sink_length: int = 0,
     ) -> None:
         if policy not in FLUSH_POLICIES:
             raise ValueError(f"flush policy must be one of {FLUSH_POLICIES}, got {policy!r}")
-        if residual_length < 0:
-            raise ValueError(f"residual_length must be >= 0, got {residual_length}")
+        if residual_length < 0 or sink_length < 0:
+            raise ValueError(f"residual_length and sink_length must be >= 0, got {residual_length}, {sink_length}")
         self.encoder = encoder
         self.residual_length = residual_length
         self.policy = policy
@@ -94,6 +101,8 @@ class QuantizedStream:
         self.decode_fn = decode_fn or (lambda encoder, fields: encoder.decode(fields))
         self.field_buffers: dict[str, TokenBuffer] = {}
         self.workspace_buffer = TokenBuffer()
+        self.sink_length = sink_length
+        self.sink: torch.Tensor | None = None
         self.residual: torch.Tensor | None = None
         self.quantized_tokens = 0
         self._prepared = False
@@ -113,8 +122,12 @@ class QuantizedStream:
         return 0 if self.residual is None else self.residual.shape[-2]
 
     @property
+    def sink_tokens(self) -> int:
+        return 0 if self.sink is None else self.sink.shape[-2]
+
+    @property
     def tokens(self) -> int:
-        return self.quantized_tokens + self.residual_tokens
+        return self.sink_tokens + self.quantized_tokens + self.residual_tokens
 
     def append(self, x: torch.Tensor) -> None:
         """Write new tokens ``(batch, heads, n, dim)``: buffer them in 16 bits, then flush per the policy."""
@@ -122,6 +135,12 @@ class QuantizedStream:
             self.encoder.prepare(x.float())
             self._prepared = True
         stored = x.to(self.fp_dtype)
+        if self.sink_tokens < self.sink_length:
+            take = self.sink_length - self.sink_tokens
+            self.sink = stored[:, :, :take] if self.sink is None else torch.cat([self.sink, stored[:, :, :take]], dim=-2)
+            stored = stored[:, :, take:]
+            if stored.shape[-2] == 0:
+                return
         self.residual = stored if self.residual is None else torch.cat([self.residual, stored], dim=-2)
         flush = tokens_to_flush(self.residual.shape[-2], self.residual_length, self.policy)
         if flush == 0:
@@ -140,7 +159,7 @@ class QuantizedStream:
 
     def read(self) -> torch.Tensor:
         """All stored tokens, decoded, oldest first, in the compute dtype."""
-        parts = []
+        parts = [self.sink.to(self.compute_dtype)] if self.sink_tokens else []
         if self.quantized_tokens:
             parts.append(self.workspace if self.keep_workspace else self.decode_fn(self.encoder, self.fields).to(self.compute_dtype))
         if self.residual_tokens:
@@ -152,13 +171,14 @@ class QuantizedStream:
         return sum(buffer.nbytes() for buffer in self.field_buffers.values())
 
     def nbytes(self) -> int:
-        """Stored bytes: packed fields + 16-bit residual + the encoder's side information."""
-        return self.packed_nbytes() + tensor_nbytes(self.residual) + self.encoder.side_nbytes()
+        """Stored bytes: packed fields + 16-bit sink and residual + the encoder's side information."""
+        return (self.packed_nbytes() + tensor_nbytes(self.sink) + tensor_nbytes(self.residual)
+                + self.encoder.side_nbytes())
 
     def allocated_nbytes(self) -> int:
         """``nbytes()`` with the field buffers' spare capacity (the workspace is excluded, as from ``nbytes``)."""
         packed = sum(buffer.allocated_nbytes() for buffer in self.field_buffers.values())
-        return packed + tensor_nbytes(self.residual) + self.encoder.side_nbytes()
+        return packed + tensor_nbytes(self.sink) + tensor_nbytes(self.residual) + self.encoder.side_nbytes()
 
 
 class StreamLayer(CompressedLayer):

@@ -22,7 +22,8 @@ indices are stored once per (layer, batch row, KV head, stream). The presets :fu
 - integer ``bits``: no split, ``b + 16/d`` bits per value.
 
 Options also include a 16-bit window of recent tokens (``residual_length = R``: tokens are quantized in
-blocks of ``R``, so the last ``< R`` stay in fp16, as in the authors' code), ``boundary_layers`` (the first and
+blocks of ``R``, so the last ``< R`` stay in fp16, as in the authors' code), ``sink_tokens`` (the first that
+many tokens of the sequence kept in fp16 for good: attention sinks, StreamingLLM), ``boundary_layers`` (the first and
 last that many layers kept in fp16, vLLM's "boundary layers"), ``rotation`` (``haar`` = the paper's Π,
 ``hadamard`` = the fast randomized Hadamard substitute) and ``seed``.
 
@@ -38,7 +39,8 @@ The cache sees keys after the rotary embedding, which turns a constant pre-RoPE 
 position ``j``: only its slowly rotating (low-frequency) channel pairs stay common to all tokens, so ``mu``
 removes a bias there and averages it out elsewhere.
 
-Bytes of one quantized layer (``B`` batch, ``H`` KV heads, ``n_q`` quantized and ``n_r`` fp16 tokens; a stream
+Bytes of one quantized layer (``B`` batch, ``H`` KV heads, ``n_q`` quantized and ``n_r`` fp16 tokens, window
+and sink tokens together; a stream
 with channel groups ``m_j`` at ``b_j`` bits)::
 
     token_bytes(stream) = sum_j [ ceil(m_j * b_j / 8) + 2 ]                                   (mse)
@@ -138,6 +140,7 @@ class TurboQuantCacheConfig:
     outlier_value_bits: int | None = None
     value_outliers: bool = True
     residual_length: int = 0
+    sink_tokens: int = 0
     boundary_layers: int = 0
     rotation: str = "haar"
     seed: int = 0
@@ -178,8 +181,8 @@ class TurboQuantCacheConfig:
                 raise ValueError(f"{name} must be an integer in 1..8, got {value!r}")
         if not isinstance(self.center_keys, bool):
             raise ValueError(f"center_keys must be a bool, got {self.center_keys!r}")
-        if self.outlier_channels < 0 or self.residual_length < 0 or self.boundary_layers < 0:
-            raise ValueError("outlier_channels, residual_length and boundary_layers must be >= 0")
+        if min(self.outlier_channels, self.residual_length, self.sink_tokens, self.boundary_layers) < 0:
+            raise ValueError("outlier_channels, residual_length, sink_tokens and boundary_layers must be >= 0")
 
     @property
     def outlier_key_bits_resolved(self) -> int:
@@ -411,7 +414,7 @@ class TurboQuantLayer(StreamLayer):
             encoder = _stream_encoder(config, stream, d, seed + 10 * offset, self.device)
             streams[stream] = QuantizedStream(
                 encoder, config.residual_length, "block", self.fp_dtype, self.compute_dtype,
-                keep_workspace=self.keep_workspace, decode_fn=self.decode_fn,
+                keep_workspace=self.keep_workspace, decode_fn=self.decode_fn, sink_length=config.sink_tokens,
             )
         self.key_stream, self.value_stream = streams["key"], streams["value"]
 
@@ -422,14 +425,15 @@ class TurboQuantLayer(StreamLayer):
     def expected_nbytes(self) -> int:
         if not self.is_initialized:
             return 0
-        n_q, n_r = self.key_stream.quantized_tokens, self.key_stream.residual_tokens
+        n_q = self.key_stream.quantized_tokens
+        n_r = self.key_stream.residual_tokens + self.key_stream.sink_tokens
         return self.batch_size * self.num_heads * turboquant_nbytes_per_head(self.config, self.head_dim, n_q, n_r)
 
     # ------------------------------------------------------------------ the fused read path
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fused decode steps inside ``attach``: write the token, return only the exact part (window + new token)
-        and leave the packed part to :meth:`attend`; anything else: the workspace update."""
+        """Fused decode steps inside ``attach``: write the token, return only the exact part (sink tokens, window,
+        new token) and leave the packed part to :meth:`attend`; anything else: the workspace update."""
         if self.awaiting is not None:
             raise RuntimeError(self.detach())
         self.check_states(key_states, value_states)
@@ -437,8 +441,9 @@ class TurboQuantLayer(StreamLayer):
                     and self.stored_tokens() > 0)
         if not deferred:
             return super().update(key_states, value_states, *args, **kwargs)
-        step = DecodeStep(self.key_stream.fields, self.value_stream.fields, self.key_stream.quantized_tokens,
-                          _exact(self.key_stream.residual, key_states), _exact(self.value_stream.residual, value_states))
+        keys, values = self.key_stream, self.value_stream
+        step = DecodeStep(keys.fields, values.fields, keys.quantized_tokens, _exact(keys, key_states),
+                          _exact(values, value_states), keys.sink_tokens)
         self._write(key_states, value_states)
         self.seen_tokens += 1
         self.awaiting = step
@@ -462,19 +467,21 @@ class TurboQuantLayer(StreamLayer):
         return out.to(query.dtype)[:, None], None  # (B, 1, heads, d), as the model's reshape expects
 
     def _full_past(self, step: DecodeStep) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decoded packed part + exact part (the torch path when the kernel cannot serve a step)."""
+        """Sink tokens, decoded packed part, window and new token, oldest first (the torch path when the kernel
+        cannot serve a step)."""
         if step.quantized == 0:
             return step.exact_keys, step.exact_values
+        s = step.sink_tokens
         keys = self.key_stream.encoder.decode(step.key_fields).to(step.exact_keys.dtype)
         values = self.value_stream.encoder.decode(step.value_fields).to(step.exact_values.dtype)
-        return torch.cat([keys, step.exact_keys], dim=-2), torch.cat([values, step.exact_values], dim=-2)
+        return (torch.cat([step.exact_keys[:, :, :s], keys, step.exact_keys[:, :, s:]], dim=-2),
+                torch.cat([step.exact_values[:, :, :s], values, step.exact_values[:, :, s:]], dim=-2))
 
 
-def _exact(residual: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-    """The 16-bit window followed by the new token (what a fused step attends to exactly)."""
-    if residual is None or residual.shape[-2] == 0:
-        return new
-    return torch.cat([residual.to(new.dtype), new], dim=-2)
+def _exact(stream: QuantizedStream, new: torch.Tensor) -> torch.Tensor:
+    """The stream's 16-bit sink tokens and window, then the new token (what a fused step attends to exactly)."""
+    parts = [part.to(new.dtype) for part in (stream.sink, stream.residual) if part is not None and part.shape[-2]]
+    return torch.cat([*parts, new], dim=-2) if parts else new
 
 
 def turboquant_nbytes_per_head(config: TurboQuantCacheConfig, d: int, n_q: int, n_r: int) -> int:
@@ -507,7 +514,7 @@ def memory_ratio_at(config: TurboQuantCacheConfig, shape: ModelShape, tokens: in
     if tokens is None:
         quantized = nominal_bits_per_value(config, shape.head_dim) / 16
     else:
-        n_q, n_r = quantized_and_residual(tokens, config.residual_length, "block")
+        n_q, n_r = quantized_and_residual(tokens, config.residual_length, "block", config.sink_tokens)
         quantized = turboquant_nbytes_per_head(config, shape.head_dim, n_q, n_r) / (2 * 2 * shape.head_dim * tokens)
     return (full + (shape.num_layers - full) * quantized) / shape.num_layers
 
