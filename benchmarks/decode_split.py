@@ -47,11 +47,12 @@ def _group(batch: int, tokens: int, dim: int, bits: int, seed: int, device: torc
     lead = (batch, HEADS_KV, tokens)
     rotation = tq.make_rotation("haar", dim, seed=seed, device=device).matrix()
     centroids = tq.lloyd_max_codebook(dim, mse_bits).centroids_tensor(device)
-    sketch = tq.QJL(dim, seed=seed, device=device).matrix if prod else None
+    qjl = tq.QJL(dim, seed=seed, device=device) if prod else None
     fields = GroupFields(random_packed(lead, dim, mse_bits, device), random_norms(lead, device),
                          random_packed(lead, dim, 1, device) if prod else None,
                          random_norms(lead, device) if prod else None)
-    return ChannelGroup(dim, mse_bits, rotation, centroids, sketch), fields
+    sketch, scale = (qjl.matrix, qjl.scale) if prod else (None, None)
+    return ChannelGroup(dim, mse_bits, rotation, centroids, sketch, scale), fields
 
 
 def split_cases(batch: int, tokens: int, device: torch.device) -> dict[str, SplitCase]:

@@ -68,7 +68,7 @@ def group(lead, dim, bits, seed, qjl=False):
                             codes(lead, dim, 1) if qjl else None, norms if qjl else None)
     spec = da.ChannelGroup(dim, bits, tq.make_rotation("haar", dim, seed=seed).matrix() if bits else None,
                            tq.lloyd_max_codebook(dim, bits).centroids_tensor() if bits else None,
-                           torch.randn(dim, dim, generator=gen) if qjl else None)
+                           torch.randn(dim, dim, generator=gen) if qjl else None, 1.0 if qjl else None)
     return spec, fields
 
 x = torch.randn(300, 96, generator=gen).half()

@@ -105,7 +105,8 @@ def random_stream(batch, kv_heads, tokens, groups, generator, device, seed):
         formats.append(ChannelGroup(
             dim, bits, tq.make_rotation("haar", dim, seed=seed + part).matrix().to(device) if bits else None,
             tq.lloyd_max_codebook(dim, bits).centroids_tensor(device) if bits else None,
-            torch.randn(dim, dim, generator=generator).to(device) if qjl else None))
+            torch.randn(dim, dim, generator=generator).to(device) if qjl else None,
+            math.sqrt(math.pi / 2) / dim if qjl else None))
     return fields, formats
 
 
@@ -156,8 +157,8 @@ def test_reference_dequantizes_as_the_library(device, generator):
     x = torch.randn(2, 3, 5, 24, generator=generator) * 4
     qv = quantizer.quantize(x)
     group = ChannelGroup(24, 2, quantizer.rotation.matrix(), quantizer.codebook.centroids_tensor(),
-                         quantizer.qjl.matrix)
-    assert group.qjl_scale == quantizer.qjl.scale == math.sqrt(math.pi / 2) / 24
+                         quantizer.qjl.matrix, quantizer.qjl.scale)
+    assert group.qjl_scale == math.sqrt(math.pi / 2) / 24
     got = dequantize_group_reference(GroupFields(qv.codes, qv.norms, qv.qjl_signs, qv.residual_norms), group)
     assert torch.allclose(got.float(), quantizer.dequantize(qv), atol=1e-5, rtol=1e-5)
 
@@ -172,7 +173,9 @@ def test_channel_group_formats_are_checked(device, generator):
         ChannelGroup(16, 2, rot, torch.zeros(8))
     group = ChannelGroup(16, 2, rot, torch.zeros(4))
     with pytest.raises(ValueError, match="no QJL stage"):
-        CacheFormat.build([group], [ChannelGroup(16, 2, rot, torch.zeros(4), torch.eye(16))], device)
+        CacheFormat.build([group], [ChannelGroup(16, 2, rot, torch.zeros(4), torch.eye(16), 1.0)], device)
+    with pytest.raises(ValueError, match="qjl_scale"):
+        ChannelGroup(16, 2, rot, torch.zeros(4), torch.eye(16))
     with pytest.raises(ValueError, match="channels"):
         CacheFormat.build([group, group], [group], device)
     keys, _ = random_stream(1, 2, 8, [(16, 2, True)], generator, device, seed=0)

@@ -10,6 +10,8 @@ import os
 import pytest
 import torch
 
+import turboquant as tq
+
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
@@ -139,3 +141,27 @@ def test_a_step_no_attention_function_read_fails_loudly(tiny_model, prompt_ids):
         with pytest.raises(RuntimeError, match="no attention call read the packed part"), attach(tiny_model, cache):
             tiny_model.set_attn_implementation("sdpa")  # as a model with its own attention dispatch would
             tiny_model(prompt_ids[:, 20:21], cache=cache)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tq.TurboQuantMSE(32, 3, rotation="haar", seed=1),
+    lambda: tq.TurboQuantMSE(32, 2, rotation="hadamard", seed=2),
+    lambda: tq.TurboQuantProd(32, 3, seed=3),
+    lambda: tq.TurboQuantProd(32, 1, seed=4),  # QJL alone
+])
+def test_the_kernel_format_is_read_off_the_score_stages(make):
+    """``_channel_group`` builds the kernel's description from the quantizer's score stages: the same Pi, codebook,
+    S and scale as the quantizer's own attributes."""
+    quantizer = make()
+    group = fused_attention._channel_group(quantizer)
+    assert group.bits == quantizer.mse_bits
+    if quantizer.mse_bits:
+        torch.testing.assert_close(group.rotation, quantizer.rotation.matrix())
+        torch.testing.assert_close(group.centroids, quantizer.codebook.centroids_tensor())
+    else:
+        assert group.rotation is None and group.centroids is None
+    if isinstance(quantizer, tq.TurboQuantProd):
+        torch.testing.assert_close(group.sketch, quantizer.qjl.matrix)
+        assert group.qjl_scale == quantizer.qjl.scale
+    else:
+        assert group.sketch is None and group.qjl_scale is None

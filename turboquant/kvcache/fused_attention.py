@@ -150,15 +150,23 @@ def cache_format(key_encoder: Encoder, value_encoder: Encoder, device: torch.dev
 
 
 def _channel_group(quantizer: tq.TurboQuantMSE | tq.TurboQuantProd) -> ChannelGroup:
-    """The kernel's description of one channel group's quantizer (MSE stage, and QJL stage for TurboQuant_prod)."""
+    """The kernel's description of one channel group, read off the quantizer's score stages
+    (:meth:`~turboquant.quantizers.TurboQuantMSE.score_stages`): the MSE stage's codebook and transform Pi, the
+    QJL stage's transform S and scale. A stage's transform maps query rows y to y T^T, so T = transform(I)^T."""
     from turboquant.kernels.decode_attention import ChannelGroup
 
-    rotation, codebook = quantizer.rotation, quantizer.codebook  # None for TurboQuant_prod at 1 bit (QJL alone)
+    stages = {stage.codes: stage for stage in quantizer.score_stages()}
+    mse, qjl = stages.get("codes"), stages.get("qjl_signs")  # no MSE stage: TurboQuant_prod at 1 bit (QJL alone)
+    if set(stages) - {"codes", "qjl_signs"} or (qjl is not None and qjl.row_weight != "residual_norms"):
+        raise ValueError(f"the decode kernel reads an MSE stage and TurboQuant_prod's QJL stage of the residual, "
+                         f"not stages {sorted(stages)}")
+    eye = torch.eye(quantizer.dim, device=quantizer.device)
     return ChannelGroup(
-        dim=quantizer.dim, bits=quantizer.mse_bits,
-        rotation=None if rotation is None else rotation.matrix(),
-        centroids=None if codebook is None else codebook.centroids_tensor(quantizer.device),
-        sketch=quantizer.qjl.matrix if isinstance(quantizer, tq.TurboQuantProd) else None,
+        dim=quantizer.dim, bits=0 if mse is None else mse.bits,
+        rotation=None if mse is None else mse.query_transform(eye).T,
+        centroids=None if mse is None else mse.centroids,
+        sketch=None if qjl is None else qjl.query_transform(eye).T,
+        qjl_scale=None if qjl is None else qjl.scale,
     )
 
 

@@ -4,7 +4,6 @@ derives from them once (:class:`CacheFormat`), and the input checks shared by th
 The math is in the package docstring (:mod:`turboquant.kernels.decode_attention`)."""
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -33,14 +32,16 @@ class GroupFields(NamedTuple):
 @dataclass(frozen=True, eq=False)
 class ChannelGroup:
     """How one channel group was quantized: ``bits``-bit TurboQuant_mse with rotation ``Pi`` (dense, y = Pi x) and
-    codebook centroids ``c``; with ``sketch`` (QJL's S) also the QJL stage of TurboQuant_prod, whose MSE stage is
-    then the ``bits``-bit one (0: QJL alone, no rotation or codebook)."""
+    codebook centroids ``c``; with ``sketch`` (QJL's S) and its dequantization constant ``qjl_scale`` (gamma =
+    sqrt(pi/2) / m, Definition 1, as the quantizer's QJL stage gives it) also the QJL stage of TurboQuant_prod, whose
+    MSE stage is then the ``bits``-bit one (0: QJL alone, no rotation or codebook)."""
 
     dim: int
     bits: int
     rotation: torch.Tensor | None = None
     centroids: torch.Tensor | None = None
     sketch: torch.Tensor | None = None
+    qjl_scale: float | None = None
 
     def __post_init__(self) -> None:
         if self.bits not in (0, *SUPPORTED_BITS):
@@ -57,11 +58,8 @@ class ChannelGroup:
                              f"{None if self.centroids is None else self.centroids.numel()}")
         if self.sketch is not None and tuple(self.sketch.shape) != square:
             raise ValueError(f"sketch must be {square}, got {tuple(self.sketch.shape)}")
-
-    @property
-    def qjl_scale(self) -> float:
-        """gamma = sqrt(pi/2) / m, the QJL dequantization constant (Definition 1)."""
-        return math.sqrt(math.pi / 2) / self.dim
+        if (self.sketch is None) != (self.qjl_scale is None):
+            raise ValueError("a QJL sketch goes with its qjl_scale (and a qjl_scale with a sketch)")
 
 
 def _stream_columns(matrix: torch.Tensor, codes_per_group: int, groups_padded: int) -> torch.Tensor:
