@@ -298,7 +298,7 @@ def tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     samples every method has scored; ``table`` also gives each method's difference to the full cache over all the
     samples the two have scored (``delta_all_pairs`` ± ``delta_se_all_pairs``, ``pairs``: more power where one
     method has fewer samples than the others)."""
-    own_pairs = df
+    all_samples = df
     df = paired_samples(df)
     order = _method_order(df)
     labels = df.groupby("method", sort=False)["method_label"].first()
@@ -315,7 +315,7 @@ def tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
             fidelity = agreement_with(df, full[0])
             table.insert(2, "delta_se", fidelity["delta_se"].reindex(table.index))
             table.insert(3, "same_prediction_%", fidelity["same_prediction_%"].reindex(table.index))
-            every_pair = agreement_with(own_pairs, full[0]).reindex(table.index)
+            every_pair = agreement_with(all_samples, full[0]).reindex(table.index)
             table.insert(4, "delta_all_pairs", every_pair["delta"])
             table.insert(5, "delta_se_all_pairs", every_pair["delta_se"])
             table.insert(6, "pairs", every_pair["pairs"])

@@ -74,6 +74,11 @@ def quantized_and_residual(tokens: int, residual_length: int, policy: str, sink_
     return quantized, tokens - quantized
 
 
+def _joined(held: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """``new`` appended to the 16-bit tokens ``held`` (None: nothing held yet) along the token axis."""
+    return new if held is None else torch.cat([held, new], dim=-2)
+
+
 class QuantizedStream:
     """Residual buffer + packed store + decoded workspace for one tensor stream of one layer."""
 
@@ -137,11 +142,11 @@ class QuantizedStream:
         stored = x.to(self.fp_dtype)
         if self.sink_tokens < self.sink_length:
             take = self.sink_length - self.sink_tokens
-            self.sink = stored[:, :, :take] if self.sink is None else torch.cat([self.sink, stored[:, :, :take]], dim=-2)
+            self.sink = _joined(self.sink, stored[:, :, :take])
             stored = stored[:, :, take:]
             if stored.shape[-2] == 0:
                 return
-        self.residual = stored if self.residual is None else torch.cat([self.residual, stored], dim=-2)
+        self.residual = _joined(self.residual, stored)
         flush = tokens_to_flush(self.residual.shape[-2], self.residual_length, self.policy)
         if flush == 0:
             return

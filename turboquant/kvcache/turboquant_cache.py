@@ -40,8 +40,7 @@ position ``j``: only its slowly rotating (low-frequency) channel pairs stay comm
 removes a bias there and averages it out elsewhere.
 
 Bytes of one quantized layer (``B`` batch, ``H`` KV heads, ``n_q`` quantized and ``n_r`` fp16 tokens, window
-and sink tokens together; a stream
-with channel groups ``m_j`` at ``b_j`` bits)::
+and sink tokens together; a stream with channel groups ``m_j`` at ``b_j`` bits)::
 
     token_bytes(stream) = sum_j [ ceil(m_j * b_j / 8) + 2 ]                                   (mse)
                         = sum_j [ ceil(m_j * (b_j - 1) / 8) + ceil(m_j / 8) + 2 + 2 ]           (prod: + QJL signs, residual norm)
