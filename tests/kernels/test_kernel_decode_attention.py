@@ -239,20 +239,6 @@ def test_three_bit_tiles_match_reference_at_every_tile_size(device, generator, b
     assert rel_err(out, ref) < 3e-3
 
 
-def test_value_channel_order_follows_the_tile_size(generator):
-    """The kernel's value geometry (``CacheFormat.kernel_meta``): 3-bit value groups in channel order only in tiles
-    of at least ``CHANNEL_ORDER_MIN_TOKENS`` tokens, other widths never; decided on the host, so checked on the CPU."""
-    from turboquant.kernels._decode import CHANNEL_ORDER_MIN_TOKENS
-
-    cpu = torch.device("cpu")
-    _, value_format = random_stream(1, 1, 4, [(16, 4, False), (48, 3, False)], generator, cpu, seed=7)
-    cache_format = CacheFormat.build(value_format, value_format, cpu)
-    order = {block_n: [cache_format.kernel_meta(block_n)[f"V{part}"][6] for part in range(2)]
-             for block_n in (16, 32, CHANNEL_ORDER_MIN_TOKENS.value, 128)}
-    assert order == {16: [False, False], 32: [False, False], 64: [False, True], 128: [False, True]}
-    assert cache_format.kernel_meta(128) is cache_format.meta  # no copy on the default tiles
-
-
 def test_register_decoder_needs_a_symmetric_codebook(device, generator):
     tensors, common = make_case(1, 4, 2, 8, 32, 2, 2, generator, device)
     seq_lens = torch.tensor([8], dtype=torch.int32, device=device)

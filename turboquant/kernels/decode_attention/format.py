@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 import torch
 
 from ...codebook import symmetric_codebook
-from .._decode import CHANNEL_ORDER_MIN_TOKENS
 from .._layout import SUPPORTED_BITS, group_geometry, num_groups, packed_row_bytes, pow2_at_least
 
 MAX_CHANNEL_GROUPS = 2
@@ -95,14 +94,6 @@ class CacheFormat:
         device on first use only (a format built once serves every later launch and CUDA-graph replay)."""
         return all(symmetric_codebook(table) for table in (*self.key_tables, *self.value_tables))
 
-    def kernel_meta(self, block_n: int) -> dict[str, Any]:
-        """:attr:`meta` for tiles of ``block_n`` tokens: 3-bit value groups decode in channel order only in tiles of
-        at least :data:`~turboquant.kernels._decode.CHANNEL_ORDER_MIN_TOKENS` tokens (below it, in stream order)."""
-        if block_n >= CHANNEL_ORDER_MIN_TOKENS.value:
-            return self.meta
-        return {**self.meta, **{f"V{part}": ValueGeometry(*self.meta[f"V{part}"])._replace(channel_order=False)
-                                for part in range(2)}}
-
     @property
     def head_dim(self) -> int:
         return sum(group.dim for group in self.key_groups)
@@ -165,9 +156,7 @@ class KeyGeometry(NamedTuple):
 
 class ValueGeometry(NamedTuple):
     """Compile-time geometry of one value channel group, in the kernel's order: code width and layout, code
-    groups padded to a power of two, channels, the first channel of its rotated output, and whether its tile is
-    decoded whole in channel order (``channel_order``: 3-bit groups, ``_decode.channel_order_tile``, in tiles of
-    enough tokens, :meth:`CacheFormat.kernel_meta`; the others decode per code in stream order)."""
+    groups padded to a power of two, channels, and the first channel of its rotated output."""
 
     bits: int
     bpg: int
@@ -175,7 +164,6 @@ class ValueGeometry(NamedTuple):
     groups: int
     dim: int
     off: int
-    channel_order: bool
 
 
 def _key_geometry(group: ChannelGroup, query_offset: int) -> KeyGeometry:
@@ -200,12 +188,12 @@ def _key_stage_columns(group: ChannelGroup, geometry: KeyGeometry, device: torch
 def _value_geometry(group: ChannelGroup, channel_offset: int) -> ValueGeometry:
     bpg, cpg = group_geometry(group.bits)
     return ValueGeometry(group.bits, bpg, cpg, pow2_at_least(num_groups(group.dim, group.bits)), group.dim,
-                         channel_offset, group.bits == 3)
+                         channel_offset)
 
 
 # an absent second channel group (never read: K_SPLIT / V_SPLIT are False)
 _ABSENT_KEY_GROUP = KeyGeometry(bits=0, bpg=1, cpg=1, groups=1, qjl=False, sign_groups=1, q_off=0, qjl_q_off=0)
-_ABSENT_VALUE_GROUP = ValueGeometry(bits=1, bpg=1, cpg=8, groups=16, dim=0, off=0, channel_order=False)
+_ABSENT_VALUE_GROUP = ValueGeometry(bits=1, bpg=1, cpg=8, groups=16, dim=0, off=0)
 
 
 def _check_stream(name: str, fields: Sequence[GroupFields], groups: Sequence[ChannelGroup], batch: int) -> None:

@@ -59,20 +59,21 @@ def _weighted_sum(p, values, acc, INNER: tl.constexpr):
 @triton.jit
 def _stage_scores(rows, tok_mask, row_bytes, q_cols, head_mask, table_ptr,
                   BITS: tl.constexpr, BPG: tl.constexpr, CPG: tl.constexpr, GROUPS: tl.constexpr,
-                  BLOCK_M: tl.constexpr, SIGNS: tl.constexpr, DECODE: tl.constexpr, INNER: tl.constexpr):
+                  BLOCK_M: tl.constexpr, SIGNS: tl.constexpr, DECODE: tl.constexpr, INNER: tl.constexpr,
+                  WHOLE_GROUPS: tl.constexpr):
     """(tokens, heads) fp32 ``<q_stage, table[code]>`` for the packed rows at ``rows``; ``q_cols`` points at the
     stage's query in stream order (position ``k * GROUPS + g`` = code k of group g).
 
     With at least 16 code groups: one product per code position k (K = GROUPS); 4-bit codes decode both positions
-    of a byte at once (:func:`nibble_pair_values`), 3-bit codes all 8 of a group at once in channel order (tiles of
-    ``CHANNEL_ORDER_MIN_TOKENS`` tokens or more). A smaller stage (the outlier group: 32 channels of 3-bit codes
-    or of sign bits are 4 groups) packs ``16 // GROUPS`` code positions into the 16 columns a ``tl.dot`` needs
+    of a byte at once (:func:`nibble_pair_values`), 3-bit codes all 8 of a group at once in channel order where
+    ``WHOLE_GROUPS`` (the tile rule, :func:`decode_split_kernel`). A smaller stage (the outlier group: 32 channels
+    of 3-bit codes or of sign bits are 4 groups) packs ``16 // GROUPS`` code positions into the 16 columns a ``tl.dot`` needs
     (column c: position k0 + c // GROUPS of group c % GROUPS, the same stream order), rather than padding every
     position to 16 groups."""
     acc = tl.zeros((rows.shape[0], BLOCK_M), dtype=tl.float32)
     if GROUPS >= 16:
         g_offs = tl.arange(0, GROUPS)
-        CHANNEL_ORDER: tl.constexpr = BITS == 3 and rows.shape[0] >= CHANNEL_ORDER_MIN_TOKENS
+        CHANNEL_ORDER: tl.constexpr = BITS == 3 and WHOLE_GROUPS
         words = load_group_words(rows, tok_mask, g_offs, row_bytes, BPG, CHANNEL_ORDER)
         if CPG == 2 and not SIGNS:
             even, odd = nibble_pair_values(words, table_ptr, DECODE)
@@ -121,8 +122,8 @@ def _value_group_starts(group, b, kv_head):
 
 
 @triton.jit
-def _key_group_logits(starts, group, toks, tok_mask, q_cols, head_mask, scale,
-                      GEOMETRY: tl.constexpr, BLOCK_M: tl.constexpr, DECODE: tl.constexpr, INNER: tl.constexpr):
+def _key_group_logits(starts, group, toks, tok_mask, q_cols, head_mask, scale, GEOMETRY: tl.constexpr,
+                      BLOCK_M: tl.constexpr, DECODE: tl.constexpr, INNER: tl.constexpr, WHOLE_GROUPS: tl.constexpr):
     """One key group's share of the tile's logits, (tokens, heads) fp32:
     ``scale * n_t * (<Pi q_g, c[idx_t]> + rho_t <gamma S q_g, z_t>)`` (the QJL term only with ``QJL``).
     ``starts``: :func:`_key_group_starts`; ``group``: the group's kernel argument (``launch._key_group_args``);
@@ -141,14 +142,14 @@ def _key_group_logits(starts, group, toks, tok_mask, q_cols, head_mask, scale,
     rows = toks.to(tl.int64)
     if BITS > 0:
         unit = _stage_scores(codes + rows * stride_cn, tok_mask, code_bytes, q_cols + Q_OFF, head_mask, table,
-                             BITS, BPG, CPG, GROUPS, BLOCK_M, False, DECODE, INNER)
+                             BITS, BPG, CPG, GROUPS, BLOCK_M, False, DECODE, INNER, WHOLE_GROUPS)
     else:
         unit = tl.zeros((toks.shape[0], BLOCK_M), dtype=tl.float32)
     if QJL:
         rho = tl.load(residual_norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
         unit += rho[:, None] * _stage_scores(signs + rows * stride_sn, tok_mask, sign_bytes, q_cols + QJL_Q_OFF,
                                              head_mask, table, 1, 1, 8, SIGN_GROUPS, BLOCK_M, True, DECODE,
-                                             INNER)
+                                             INNER, WHOLE_GROUPS)
     norm = tl.load(norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
     return unit * (norm * scale)[:, None]
 
@@ -156,8 +157,8 @@ def _key_group_logits(starts, group, toks, tok_mask, q_cols, head_mask, scale,
 @triton.jit
 def _value_accumulators(BLOCK_M: tl.constexpr, GEOMETRY: tl.constexpr):
     """Zero accumulators of one value group: 4-bit values keep even and odd coordinates apart ((heads, groups)
-    each); other widths one (heads, CPG * groups) tile (in channel order where the geometry's ``channel_order``
-    says so, else in stream order) and an unused (heads, 1) placeholder."""
+    each); other widths one (heads, CPG * groups) tile (3-bit groups in channel order where ``WHOLE_GROUPS``, else
+    in stream order) and an unused (heads, 1) placeholder."""
     CPG: tl.constexpr = GEOMETRY[2]
     GROUPS: tl.constexpr = GEOMETRY[3]
     if CPG == 2:
@@ -171,7 +172,7 @@ def _value_accumulators(BLOCK_M: tl.constexpr, GEOMETRY: tl.constexpr):
 
 @triton.jit
 def _accumulate_values(acc_a, acc_b, p, alpha, starts, group, toks, tok_mask, GEOMETRY: tl.constexpr,
-                       DECODE: tl.constexpr, INNER: tl.constexpr):
+                       DECODE: tl.constexpr, INNER: tl.constexpr, WHOLE_GROUPS: tl.constexpr):
     """``acc <- alpha * acc + sum_t p_t n_t c[idx_t]`` for one value group over the tile (its rotated domain);
     ``starts``: :func:`_value_group_starts`, ``group``: ``launch._value_group_args``, ``GEOMETRY``: its
     ``format.ValueGeometry``."""
@@ -183,7 +184,7 @@ def _accumulate_values(acc_a, acc_b, p, alpha, starts, group, toks, tok_mask, GE
     table, code_bytes, stride_cn = group[2], group[3], group[0][3]
     norm = tl.load(norms + toks, mask=tok_mask, other=0.0).to(tl.float32)
     p_n = p * norm[:, None]
-    CHANNEL_ORDER: tl.constexpr = GEOMETRY[6]
+    CHANNEL_ORDER: tl.constexpr = BITS == 3 and WHOLE_GROUPS
     words = load_group_words(codes + toks.to(tl.int64) * stride_cn, tok_mask, tl.arange(0, GROUPS), code_bytes, BPG,
                              CHANNEL_ORDER)
     if CPG == 2:
@@ -200,7 +201,7 @@ def _accumulate_values(acc_a, acc_b, p, alpha, starts, group, toks, tok_mask, GE
 
 
 @triton.jit
-def _store_values(part, acc_a, acc_b, inv_l, head_mask, GEOMETRY: tl.constexpr):
+def _store_values(part, acc_a, acc_b, inv_l, head_mask, GEOMETRY: tl.constexpr, WHOLE_GROUPS: tl.constexpr):
     """Write one value group's normalized accumulator to its channels ``OFF .. OFF + DIM - 1`` of the split's row."""
     CPG: tl.constexpr = GEOMETRY[2]
     GROUPS: tl.constexpr = GEOMETRY[3]
@@ -213,7 +214,7 @@ def _store_values(part, acc_a, acc_b, inv_l, head_mask, GEOMETRY: tl.constexpr):
         tl.store(part + OFF + even[None, :] + 1, acc_b * inv_l[:, None],
                  mask=head_mask[:, None] & (even + 1 < DIM)[None, :])
     else:
-        CHANNEL_ORDER: tl.constexpr = GEOMETRY[6]
+        CHANNEL_ORDER: tl.constexpr = GEOMETRY[0] == 3 and WHOLE_GROUPS
         coords = tl.arange(0, CPG * GROUPS) if CHANNEL_ORDER else stream_coordinates(g_offs, CPG)
         tl.store(part + OFF + coords[None, :], acc_a * inv_l[:, None],
                  mask=head_mask[:, None] & (coords < DIM)[None, :])
@@ -249,6 +250,8 @@ def decode_split_kernel(
     v0_starts = _value_group_starts(v0, b, kv_head)
     v1_starts = _value_group_starts(v1, b, kv_head)
 
+    # 3-bit groups decode whole, in channel order, only in tiles of CHANNEL_ORDER_MIN_TOKENS tokens or more
+    WHOLE_GROUPS: tl.constexpr = BLOCK_N >= CHANNEL_ORDER_MIN_TOKENS
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc0_a, acc0_b = _value_accumulators(BLOCK_M, V0)
@@ -258,29 +261,29 @@ def decode_split_kernel(
         toks = n0 + tl.arange(0, BLOCK_N)
         tok_mask = toks < end
         logits = _key_group_logits(k0_starts, k0, toks, tok_mask, q_cols, head_mask, scale_log2, K0, BLOCK_M, DECODE,
-                                   INNER)
+                                   INNER, WHOLE_GROUPS)
         if K_SPLIT:
             logits += _key_group_logits(k1_starts, k1, toks, tok_mask, q_cols, head_mask, scale_log2, K1, BLOCK_M,
-                                        DECODE, INNER)
+                                        DECODE, INNER, WHOLE_GROUPS)
         logits = tl.where(tok_mask[:, None], logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(logits, axis=0))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(logits - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
         acc0_a, acc0_b = _accumulate_values(acc0_a, acc0_b, p, alpha, v0_starts, v0, toks, tok_mask, V0, DECODE,
-                                            INNER)
+                                            INNER, WHOLE_GROUPS)
         if V_SPLIT:
             acc1_a, acc1_b = _accumulate_values(acc1_a, acc1_b, p, alpha, v1_starts, v1, toks, tok_mask, V1,
-                                                DECODE, INNER)
+                                                DECODE, INNER, WHOLE_GROUPS)
         m_i = m_new
 
     has_tokens = l_i > 0
     inv_l = 1.0 / tl.where(has_tokens, l_i, 1.0)
     lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
     part = part_out_ptr + b * part_strides[0] + heads[:, None] * part_strides[1] + split * part_strides[2]
-    _store_values(part, acc0_a, acc0_b, inv_l, head_mask, V0)
+    _store_values(part, acc0_a, acc0_b, inv_l, head_mask, V0, WHOLE_GROUPS)
     if V_SPLIT:
-        _store_values(part, acc1_a, acc1_b, inv_l, head_mask, V1)
+        _store_values(part, acc1_a, acc1_b, inv_l, head_mask, V1, WHOLE_GROUPS)
     tl.store(part_lse_ptr + b * lse_strides[0] + heads * lse_strides[1] + split, lse, mask=head_mask)
 
 

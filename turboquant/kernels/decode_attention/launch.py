@@ -139,7 +139,7 @@ def decode_attention_groups_triton(
         tokens_per_split, q_stages.stride()[:2], part_out.stride()[:3], part_lse.stride()[:2],
         scale * math.log2(math.e),
         GROUP=group, BLOCK_M=pow2_at_least(group, floor=16 if inner == "dot" else 1), BLOCK_N=block_n,
-        DECODE=decoder if lookup else "none", INNER=inner, **cache_format.kernel_meta(block_n),
+        DECODE=decoder if lookup else "none", INNER=inner, **cache_format.meta,
         num_warps=num_warps, num_stages=num_stages,
     )
     out = torch.empty((batch, n_heads, dim), dtype=q.dtype, device=q.device)
