@@ -6,8 +6,9 @@
 Each commit is checked out with ``git worktree add --detach`` into a temporary directory. There, the entry points
 (quantize, quantize_prod, scores, and decode attention on one-group, outlier-split and split-with-QJL-keys caches,
 with ragged lengths and channel permutations; caches with 3-bit groups also at 16- and 64-token tiles and with
-the register decoder) are called on small CPU tensors with Triton's launcher replaced by an offline compile: Triton's own argument binder and specialization, then ``triton.compile`` for the target
-(ptxas ships with Triton). A refactor that keeps every launch's PTX the same keeps the GPU numerics the same.
+the register decoder) are called on small CPU tensors with Triton's launcher replaced by an offline compile:
+Triton's own argument binder and specialization, then ``triton.compile`` for the target (ptxas ships with Triton).
+A refactor that keeps every launch's PTX the same keeps the GPU numerics the same.
 
 PTX is compared after removing what a pure refactor may change: debug line info and labels, the order of the
 parameter loads and register numbering (registers renamed by first use). Parameter *order* is not compared (its
@@ -95,7 +96,8 @@ for key_layout, value_layout in layouts:
     da.decode_attention_groups_triton(q, [f for _, f in keys], [f for _, f in values],
                                       torch.tensor([50, 17], dtype=torch.int32), fmt, key_permutation=perm,
                                       value_permutation=perm, num_splits=2, return_lse=perm is None)
-    if any(g[1] == 3 for g in key_layout + value_layout):  # 3-bit groups: both sides of the channel-order tile rule, both decoders
+    # 3-bit groups: both sides of the channel-order tile rule, both decoders
+    if any(g[1] == 3 for g in key_layout + value_layout):
         for block_n, decoder in ((16, "table"), (16, "prmt"), (64, "prmt")):
             da.decode_attention_groups_triton(q, [f for _, f in keys], [f for _, f in values],
                                               torch.tensor([50, 17], dtype=torch.int32), fmt, key_permutation=perm,

@@ -67,9 +67,9 @@ def _stage_scores(rows, tok_mask, row_bytes, q_cols, head_mask, table_ptr,
     With at least 16 code groups: one product per code position k (K = GROUPS); 4-bit codes decode both positions
     of a byte at once (:func:`nibble_pair_values`), 3-bit codes all 8 of a group at once in channel order where
     ``WHOLE_GROUPS`` (the tile rule, :func:`decode_split_kernel`). A smaller stage (the outlier group: 32 channels
-    of 3-bit codes or of sign bits are 4 groups) packs ``16 // GROUPS`` code positions into the 16 columns a ``tl.dot`` needs
-    (column c: position k0 + c // GROUPS of group c % GROUPS, the same stream order), rather than padding every
-    position to 16 groups."""
+    of 3-bit codes or of sign bits are 4 groups) packs ``16 // GROUPS`` code positions into the 16 columns a
+    ``tl.dot`` needs (column c: position k0 + c // GROUPS of group c % GROUPS, the same stream order), rather than
+    padding every position to 16 groups."""
     acc = tl.zeros((rows.shape[0], BLOCK_M), dtype=tl.float32)
     if GROUPS >= 16:
         g_offs = tl.arange(0, GROUPS)
