@@ -34,6 +34,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,27 +106,51 @@ def _phases(index: Any, queries: np.ndarray, k: int) -> dict[str, float]:
     return out
 
 
-def load_config(config: str, args: argparse.Namespace) -> tuple[str, int, np.ndarray, np.ndarray]:
-    """(data label, bits, base, queries) of a ``d:bits`` (random unit vectors, seeded by d) or ``NAME:bits``
-    (the dataset config ``configs/dataset/NAME.yaml``, unit-normalized) config."""
-    name, bits = config.rsplit(":", 1)
-    if name.isdigit():
-        rng = np.random.default_rng(int(name))
-        return "random", int(bits), _unit(rng, args.n, int(name)), _unit(rng, args.queries, int(name))
+@dataclass(frozen=True)
+class SearchConfig:
+    """One ``--configs`` entry: ``d:bits`` (random unit vectors of dimension d, seeded by d) or ``NAME:bits``
+    (the dataset config ``configs/dataset/NAME.yaml``, unit-normalized)."""
+
+    name: str
+    bits: int
+
+    @classmethod
+    def parse(cls, text: str) -> SearchConfig:
+        name, sep, bits = text.rpartition(":")
+        if not sep or not name or not bits.isdigit():
+            raise SystemExit(f"config {text!r}: expected d:bits or NAME:bits (e.g. 1536:4, glove50:4)")
+        return cls(name, int(bits))
+
+    @property
+    def random_dim(self) -> int | None:
+        """d of a random config, None for a dataset config."""
+        return int(self.name) if self.name.isdigit() else None
+
+    @property
+    def data(self) -> str:
+        """The rows' data label: ``random`` or the dataset config's name."""
+        return "random" if self.random_dim is not None else self.name
+
+
+def load_config(config: SearchConfig, args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
+    """(base, queries) of ``config``: ``--n`` random base vectors, or ``--real-n`` of the dataset."""
+    if config.random_dim is not None:
+        rng = np.random.default_rng(config.random_dim)
+        return _unit(rng, args.n, config.random_dim), _unit(rng, args.queries, config.random_dim)
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from experiments.ann_recall import load_ann_dataset
 
     configs = Path(__file__).resolve().parents[1] / "configs"
-    if not (configs / "dataset" / f"{name}.yaml").exists():
-        raise SystemExit(f"config {config!r}: no dataset config configs/dataset/{name}.yaml "
+    if not (configs / "dataset" / f"{config.name}.yaml").exists():
+        raise SystemExit(f"config {config.name}:{config.bits}: no dataset config configs/dataset/{config.name}.yaml "
                          "(a config is d:bits or NAME:bits)")
     with initialize_config_dir(config_dir=str(configs), version_base=None):  # the group as run.py composes it
-        dataset = compose("config", overrides=["experiment=distortion", f"dataset={name}"]).dataset
-    data = load_ann_dataset(name, OmegaConf.to_container(dataset, resolve=True), args.real_n, args.queries, seed=0,
-                            normalize=True)
-    return name, int(bits), data.base, data.queries
+        dataset = compose("config", overrides=["experiment=distortion", f"dataset={config.name}"]).dataset
+    data = load_ann_dataset(config.name, OmegaConf.to_container(dataset, resolve=True), args.real_n, args.queries,
+                            seed=0, normalize=True)
+    return data.base, data.queries
 
 
 def bench_config(data: str, bits: int, base: np.ndarray, queries: np.ndarray,
@@ -264,16 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     saved = json.loads(path.read_text()) if path.exists() else {"header": header, "rows": []}
     for row in saved["rows"]:  # rows written before real data were random
         row.setdefault("data", "random")
-    for config in args.configs:
-        name, bits = config.rsplit(":", 1)
-        data, n = ("random", args.n) if name.isdigit() else (name, args.real_n)
-        done = [r for r in saved["rows"] if r["data"] == data and r["bits"] == int(bits) and r["n_base"] == n
-                and (data != "random" or r["dim"] == int(name))]
+    for config in map(SearchConfig.parse, args.configs):
+        n = args.n if config.random_dim is not None else args.real_n
+        done = [r for r in saved["rows"] if r["data"] == config.data and r["bits"] == config.bits and r["n_base"] == n
+                and r["dim"] == (config.random_dim or r["dim"])]
         if done:
-            print(f"{config}: in {path}, skipped", flush=True)
+            print(f"{config.name}:{config.bits}: in {path}, skipped", flush=True)
             continue
-        data, bits, base, queries = load_config(config, args)
-        saved["rows"] += bench_config(data, bits, base, queries, args)
+        base, queries = load_config(config, args)
+        saved["rows"] += bench_config(config.data, config.bits, base, queries, args)
         path.write_text(json.dumps(saved, indent=1))
     df = pd.DataFrame(saved["rows"])
     (args.out / "ann_search.md").write_text(markdown(df, saved["header"]))

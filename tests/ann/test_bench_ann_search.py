@@ -44,3 +44,9 @@ def test_bench_ann_search_runs_a_dataset_config(tmp_path):
     assert "real embeddings (glove50)" in (tmp_path / "ann_search.md").read_text()
     with pytest.raises(SystemExit, match="no dataset config"):
         bench_ann_search.main([*args[:-2], "--configs", "no_such_data:4", "--out", str(tmp_path / "x")])
+
+
+@pytest.mark.parametrize("text", ["1536", "1536:", ":4", "glove50:four"])
+def test_a_malformed_config_is_named(text):
+    with pytest.raises(SystemExit, match="expected d:bits or NAME:bits"):
+        bench_ann_search.SearchConfig.parse(text)
