@@ -255,6 +255,7 @@ class _VectorQuantizer:
     mse_bits: int
     device: torch.device
     chunk_size: int
+    _triton: bool = False  # scores (and encodes) through the Triton kernels
     backend: str = "torch"
     _numba: bool = False  # set by quantizers with a numba CPU encoder (see _use_numba)
 
@@ -355,10 +356,22 @@ class _VectorQuantizer:
         raise NotImplementedError
 
     def _stage_scores(self, queries: torch.Tensor, flat: QuantizedVectors) -> torch.Tensor:
-        """(m, n) float32 ‖x‖ · Σ_s scale_s · w_s · ⟨T_s y, c_s[codes_s]⟩ in torch, the stored codes decoded chunk
-        by chunk; each query is transformed once per stage."""
+        """(m, n) float32 ‖x‖ · Σ_s scale_s · w_s · ⟨T_s y, c_s[codes_s]⟩, each query transformed once per stage:
+        on the Triton path one scores-kernel launch per stage with the row weight ‖x‖ · w_s, else in torch, the
+        stored codes decoded chunk by chunk."""
         stages = self.score_stages()
         transformed = [stage.query_transform(queries) for stage in stages]
+        if self._triton:
+            from .kernels import mse_scores_triton
+
+            unit = None
+            for stage, query in zip(stages, transformed):
+                weights = flat.norms if stage.row_weight is None else \
+                    flat.norms.float() * getattr(flat, stage.row_weight).float()
+                term = mse_scores_triton(query[None], getattr(flat, stage.codes)[None], weights[None],
+                                         stage.centroids, stage.bits, stage.scale)[0]
+                unit = term if unit is None else unit + term
+            return unit
         scores = torch.empty(queries.shape[0], len(flat.norms), dtype=torch.float32, device=self.device)
         for part in self._chunks(scores.shape[1]):
             unit = None
@@ -468,14 +481,7 @@ class TurboQuantMSE(_VectorQuantizer):
         """Estimates of ⟨y, x⟩: ‖x‖ · ⟨Πy, c[idx]⟩ (Π orthogonal), shape (m, *q.shape) for y (m, d)."""
         queries = self._queries(y)
         self._check_codes(q)
-        flat = q.flatten()
-        if self._triton:
-            from .kernels import mse_scores_triton
-
-            scores = mse_scores_triton(self.rotation.apply(queries)[None], flat.codes[None], flat.norms[None],
-                                       self._centroids, self.bits)[0]
-            return self._scores_shape(y, q, scores)
-        return self._scores_shape(y, q, self._stage_scores(queries, flat))
+        return self._scores_shape(y, q, self._stage_scores(queries, q.flatten()))
 
     def score_stages(self) -> tuple[ScoreStage, ...]:
         return (ScoreStage("codes", self.bits, self._centroids, self.rotation.apply),)
@@ -639,20 +645,7 @@ class TurboQuantProd(_VectorQuantizer):
         """‖x‖ · (⟨Πy, c[idx]⟩ + √(π/2)/d · ‖r‖ · ⟨Sy, sign(Sr)⟩): y is rotated and sketched once."""
         queries = self._queries(y)
         self._check_codes(q)
-        flat = q.flatten()
-        if not self._triton:
-            return self._scores_shape(y, q, self._stage_scores(queries, flat))
-        from .kernels import mse_scores_triton
-
-        unit = None
-        for stage in self.score_stages():  # the sign bits are 1-bit codes of (-1, +1); w plays the key norm
-            weights = getattr(flat, stage.row_weight) if stage.row_weight else torch.ones_like(flat.norms)
-            term = mse_scores_triton(stage.query_transform(queries)[None], getattr(flat, stage.codes)[None],
-                                     weights[None], stage.centroids, stage.bits)[0]
-            if stage.scale != 1.0:
-                term = stage.scale * term
-            unit = term if unit is None else unit + term
-        return self._scores_shape(y, q, unit * flat.norms.float())
+        return self._scores_shape(y, q, self._stage_scores(queries, q.flatten()))
 
     def score_stages(self) -> tuple[ScoreStage, ...]:
         qjl = replace(self.qjl.score_stages()[0], row_weight="residual_norms",
