@@ -27,6 +27,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..packing import packed_size
+
 __all__ = ["CodeDecoder", "candidate_scores", "dense_scores", "lut_scores", "lut_tables", "merge_top_k"]
 
 _CANDIDATE_FLOATS = 1 << 22  # decoded floats per re-ranking step (16 MiB)
@@ -42,7 +44,7 @@ class CodeDecoder:
         self.bits, self.dim, self.centroids = bits, dim, centroids
         self.byte_aligned = 8 % bits == 0
         self.codes_per_byte = 8 // bits if self.byte_aligned else 0
-        self.bytes_per_row = -(-dim * bits // 8)
+        self.bytes_per_row = packed_size(dim, bits)
         if self.byte_aligned:
             shifts = bits * np.arange(self.codes_per_byte)
             codes = (np.arange(256)[:, None] >> shifts[None, :]) & (2**bits - 1)  # (256, g)

@@ -55,11 +55,6 @@ def group_geometry(bits: int) -> tuple[int, int]:
     return group_bits // 8, group_bits // bits
 
 
-def packed_row_bytes(dim: int, bits: int) -> int:
-    """Bytes of one packed row of ``dim`` codes: ``ceil(dim * bits / 8)`` (as ``turboquant.pack_codes``)."""
-    return -(-dim * bits // 8)
-
-
 def num_groups(dim: int, bits: int) -> int:
     """Groups per row (the last may be partial)."""
     return -(-dim // group_geometry(bits)[1])

@@ -37,10 +37,10 @@ from ._layout import (
     check_device,
     group_geometry,
     num_groups,
-    packed_row_bytes,
     pow2_at_least,
     store_group_words,
 )
+from ..packing import packed_size
 
 _MAGIC = 12582912.0  # 1.5 * 2**23: adding it to 0 <= u < 2**22 leaves round(u) in the low mantissa bits
 _CODE_BITS = 4       # low mantissa bits of a table entry holding the base code (bits <= 4)
@@ -301,7 +301,7 @@ def quantize_mse_triton(
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     n_rows = rows.shape[0]
-    row_bytes = packed_row_bytes(dim, bits)
+    row_bytes = packed_size(dim, bits)
     codes = torch.empty((n_rows, row_bytes), dtype=torch.uint8, device=x.device)
     norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
     if n_rows == 0:

@@ -26,10 +26,10 @@ from ._layout import (
     check_device,
     group_geometry,
     num_groups,
-    packed_row_bytes,
     pow2_at_least,
     store_group_words,
 )
+from ..packing import packed_size
 from .quantize import (
     _as_numpy,
     _check_inputs,
@@ -141,8 +141,8 @@ def quantize_prod_triton(
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     n_rows = rows.shape[0]
-    row_bytes = packed_row_bytes(dim, mse_bits) if has_mse else 0
-    sign_bytes = packed_row_bytes(dim, 1)
+    row_bytes = packed_size(dim, mse_bits) if has_mse else 0
+    sign_bytes = packed_size(dim, 1)
     codes = torch.empty((n_rows, row_bytes), dtype=torch.uint8, device=x.device)
     signs = torch.empty((n_rows, sign_bytes), dtype=torch.uint8, device=x.device)
     norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)

@@ -29,9 +29,9 @@ from ._layout import (
     group_geometry,
     load_group_words,
     num_groups,
-    packed_row_bytes,
     pow2_at_least,
 )
+from ..packing import packed_size
 
 
 @triton.jit
@@ -101,8 +101,8 @@ def _check(q_rot: torch.Tensor, codes: torch.Tensor, norms: torch.Tensor, centro
     if codes.shape[0] != batch or norms.shape != codes.shape[:2]:
         raise ValueError(f"batch/key dims disagree: q_rot {tuple(q_rot.shape)}, codes {tuple(codes.shape)}, "
                          f"norms {tuple(norms.shape)}")
-    if codes.dtype != torch.uint8 or codes.shape[-1] != packed_row_bytes(dim, bits):
-        raise ValueError(f"codes must be uint8 with {packed_row_bytes(dim, bits)} bytes per row for dim={dim}, "
+    if codes.dtype != torch.uint8 or codes.shape[-1] != packed_size(dim, bits):
+        raise ValueError(f"codes must be uint8 with {packed_size(dim, bits)} bytes per row for dim={dim}, "
                          f"bits={bits}; got {codes.dtype} with {codes.shape[-1]}")
     if centroids.numel() != 2 ** bits:
         raise ValueError(f"{bits}-bit codebook has {2 ** bits} centroids, got {centroids.numel()}")

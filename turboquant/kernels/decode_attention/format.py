@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 import torch
 
 from ...codebook import symmetric_codebook
-from .._layout import SUPPORTED_BITS, group_geometry, num_groups, packed_row_bytes, pow2_at_least
+from ...packing import packed_size
+from .._layout import SUPPORTED_BITS, group_geometry, num_groups, pow2_at_least
 
 MAX_CHANNEL_GROUPS = 2
 
@@ -204,8 +205,9 @@ def _check_stream(name: str, fields: Sequence[GroupFields], groups: Sequence[Cha
         if field.codes.ndim != 4 or field.codes.dtype != torch.uint8:
             raise ValueError(f"{label}: codes must be uint8 (batch, kv_heads, tokens, row_bytes), got "
                              f"{field.codes.dtype} {tuple(field.codes.shape)}")
-        if field.codes.shape[-1] != packed_row_bytes(group.dim, group.bits):
-            raise ValueError(f"{label}: code rows must hold {packed_row_bytes(group.dim, group.bits)} bytes "
+        row_bytes = packed_size(group.dim, group.bits) if group.bits else 0  # bits 0: a QJL-only key group
+        if field.codes.shape[-1] != row_bytes:
+            raise ValueError(f"{label}: code rows must hold {row_bytes} bytes "
                              f"(dim={group.dim}, bits={group.bits}), got {field.codes.shape[-1]}")
         lead = tuple(field.codes.shape[:3])
         if tuple(field.norms.shape) != lead:
@@ -213,8 +215,8 @@ def _check_stream(name: str, fields: Sequence[GroupFields], groups: Sequence[Cha
         if (field.signs is None) != (group.sketch is None) or (field.residual_norms is None) != (group.sketch is None):
             raise ValueError(f"{label}: QJL signs and residual norms are given exactly when the group has a sketch")
         if field.signs is not None:
-            if field.signs.dtype != torch.uint8 or tuple(field.signs.shape) != (*lead, packed_row_bytes(group.dim, 1)):
-                raise ValueError(f"{label}: signs must be uint8 {(*lead, packed_row_bytes(group.dim, 1))}, got "
+            if field.signs.dtype != torch.uint8 or tuple(field.signs.shape) != (*lead, packed_size(group.dim, 1)):
+                raise ValueError(f"{label}: signs must be uint8 {(*lead, packed_size(group.dim, 1))}, got "
                                  f"{field.signs.dtype} {tuple(field.signs.shape)}")
             if tuple(field.residual_norms.shape) != lead:
                 raise ValueError(f"{label}: residual_norms must be {lead}, got {tuple(field.residual_norms.shape)}")
