@@ -121,6 +121,9 @@ class SearchConfig:
             raise SystemExit(f"config {text!r}: expected d:bits or NAME:bits (e.g. 1536:4, glove50:4)")
         return cls(name, int(bits))
 
+    def __str__(self) -> str:
+        return f"{self.name}:{self.bits}"
+
     @property
     def random_dim(self) -> int | None:
         """d of a random config, None for a dataset config."""
@@ -144,7 +147,7 @@ def load_config(config: SearchConfig, args: argparse.Namespace) -> tuple[np.ndar
 
     configs = Path(__file__).resolve().parents[1] / "configs"
     if not (configs / "dataset" / f"{config.name}.yaml").exists():
-        raise SystemExit(f"config {config.name}:{config.bits}: no dataset config configs/dataset/{config.name}.yaml "
+        raise SystemExit(f"config {config}: no dataset config configs/dataset/{config.name}.yaml "
                          "(a config is d:bits or NAME:bits)")
     with initialize_config_dir(config_dir=str(configs), version_base=None):  # the group as run.py composes it
         dataset = compose("config", overrides=["experiment=distortion", f"dataset={config.name}"]).dataset
@@ -292,9 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     for config in map(SearchConfig.parse, args.configs):
         n = args.n if config.random_dim is not None else args.real_n
         done = [r for r in saved["rows"] if r["data"] == config.data and r["bits"] == config.bits and r["n_base"] == n
-                and r["dim"] == (config.random_dim or r["dim"])]
+                and (config.random_dim is None or r["dim"] == config.random_dim)]
         if done:
-            print(f"{config.name}:{config.bits}: in {path}, skipped", flush=True)
+            print(f"{config}: in {path}, skipped", flush=True)
             continue
         base, queries = load_config(config, args)
         saved["rows"] += bench_config(config.data, config.bits, base, queries, args)

@@ -93,16 +93,14 @@ for key_layout, value_layout in layouts:
     fmt = da.CacheFormat.build([s for s, _ in keys], [s for s, _ in values], "cpu")
     perm = torch.rand(2, 2, dim, generator=gen).argsort(-1) if len(keys) == 2 else None
     q = torch.randn(2, 8, dim, generator=gen)
-    da.decode_attention_groups_triton(q, [f for _, f in keys], [f for _, f in values],
-                                      torch.tensor([50, 17], dtype=torch.int32), fmt, key_permutation=perm,
-                                      value_permutation=perm, num_splits=2, return_lse=perm is None)
+    launch = (q, [f for _, f in keys], [f for _, f in values], torch.tensor([50, 17], dtype=torch.int32), fmt)
+    da.decode_attention_groups_triton(*launch, key_permutation=perm, value_permutation=perm, num_splits=2,
+                                      return_lse=perm is None)
     # 3-bit groups: both sides of the channel-order tile rule, both decoders
     if any(g[1] == 3 for g in key_layout + value_layout):
         for block_n, decoder in ((16, "table"), (16, "prmt"), (64, "prmt")):
-            da.decode_attention_groups_triton(q, [f for _, f in keys], [f for _, f in values],
-                                              torch.tensor([50, 17], dtype=torch.int32), fmt, key_permutation=perm,
-                                              value_permutation=perm, num_splits=2, block_n=block_n,
-                                              decoder=decoder)
+            da.decode_attention_groups_triton(*launch, key_permutation=perm, value_permutation=perm, num_splits=2,
+                                              block_n=block_n, decoder=decoder)
 json.dump(launches, open(out_path, "w"))
 """
 

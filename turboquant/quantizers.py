@@ -351,6 +351,14 @@ class _VectorQuantizer:
         lead = (scores.shape[0],) if y.ndim == 2 else ()
         return scores.reshape(*lead, *q.shape)
 
+    @torch.no_grad()
+    def inner_product(self, y: torch.Tensor, q: QuantizedVectors) -> torch.Tensor:
+        """Estimates of ⟨y, x⟩ for every stored x, from :meth:`score_stages` (:meth:`_stage_scores`): shape
+        (m, *q.shape) for y (m, d), q.shape for y (d,)."""
+        queries = self._queries(y)
+        self._check_codes(q)
+        return self._scores_shape(y, q, self._stage_scores(queries, q.flatten()))
+
     def score_stages(self) -> tuple[ScoreStage, ...]:
         """The terms of this quantizer's inner-product estimate (:class:`ScoreStage`)."""
         raise NotImplementedError
@@ -476,14 +484,8 @@ class TurboQuantMSE(_VectorQuantizer):
             out[part] = self.decode_unit(indices) * flat.norms[part].float().unsqueeze(-1)
         return out.reshape(*q.shape, self.dim).to(q.dtype)
 
-    @torch.no_grad()
-    def inner_product(self, y: torch.Tensor, q: QuantizedVectors) -> torch.Tensor:
-        """Estimates of ⟨y, x⟩: ‖x‖ · ⟨Πy, c[idx]⟩ (Π orthogonal), shape (m, *q.shape) for y (m, d)."""
-        queries = self._queries(y)
-        self._check_codes(q)
-        return self._scores_shape(y, q, self._stage_scores(queries, q.flatten()))
-
     def score_stages(self) -> tuple[ScoreStage, ...]:
+        """One stage: ⟨y, x̃⟩ = ‖x‖ · ⟨Πy, c[idx]⟩ (Π orthogonal)."""
         return (ScoreStage("codes", self.bits, self._centroids, self.rotation.apply),)
 
 
@@ -538,13 +540,8 @@ class QJL(_VectorQuantizer):
                 * flat.norms[part].float().unsqueeze(-1)
         return out.reshape(*q.shape, self.dim).to(q.dtype)
 
-    @torch.no_grad()
-    def inner_product(self, y: torch.Tensor, q: QuantizedVectors) -> torch.Tensor:
-        queries = self._queries(y)
-        self._check_codes(q)
-        return self._scores_shape(y, q, self._stage_scores(queries, q.flatten()))
-
     def score_stages(self) -> tuple[ScoreStage, ...]:
+        """One stage: ⟨y, x̃⟩ = ‖x‖ · √(π/2)/d · ⟨Sy, z⟩, the sign bits as 1-bit codes of (−1, +1)."""
         return (ScoreStage("qjl_signs", 1, self._sign_values, self.sketch, scale=self.scale),)
 
 
@@ -640,14 +637,8 @@ class TurboQuantProd(_VectorQuantizer):
             out[part] = unit * flat.norms[part].float().unsqueeze(-1)
         return out.reshape(*q.shape, self.dim).to(q.dtype)
 
-    @torch.no_grad()
-    def inner_product(self, y: torch.Tensor, q: QuantizedVectors) -> torch.Tensor:
-        """‖x‖ · (⟨Πy, c[idx]⟩ + √(π/2)/d · ‖r‖ · ⟨Sy, sign(Sr)⟩): y is rotated and sketched once."""
-        queries = self._queries(y)
-        self._check_codes(q)
-        return self._scores_shape(y, q, self._stage_scores(queries, q.flatten()))
-
     def score_stages(self) -> tuple[ScoreStage, ...]:
+        """The MSE stage, then QJL of the residual: ⟨y, x̃⟩ = ‖x‖ · (⟨Πy, c[idx]⟩ + √(π/2)/d · ‖r‖ · ⟨Sy, sign(Sr)⟩)."""
         qjl = replace(self.qjl.score_stages()[0], row_weight="residual_norms",
                       mean_row_weight=math.sqrt(self.mse.codebook.mse) if self.mse else 1.0)
         return (*self.mse.score_stages(), qjl) if self.mse else (qjl,)

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..packing import packed_size
 from ._layout import (
     check_device,
     group_geometry,
@@ -40,7 +41,6 @@ from ._layout import (
     pow2_at_least,
     store_group_words,
 )
-from ..packing import packed_size
 
 _MAGIC = 12582912.0  # 1.5 * 2**23: adding it to 0 <= u < 2**22 leaves round(u) in the low mantissa bits
 _CODE_BITS = 4       # low mantissa bits of a table entry holding the base code (bits <= 4)

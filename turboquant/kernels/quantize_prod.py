@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..packing import packed_size
 from ._layout import (
     check_device,
     group_geometry,
@@ -29,7 +30,6 @@ from ._layout import (
     pow2_at_least,
     store_group_words,
 )
-from ..packing import packed_size
 from .quantize import (
     _as_numpy,
     _check_inputs,

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ..codebook import symmetric_codebook
+from ..packing import packed_size
 from ._decode import code_values, nibble_pair_values, resolve_decoder, three_bit_group_values
 from ._layout import (
     check_device,
@@ -31,7 +32,6 @@ from ._layout import (
     num_groups,
     pow2_at_least,
 )
-from ..packing import packed_size
 
 
 @triton.jit

@@ -203,6 +203,7 @@ def _accumulate_values(acc_a, acc_b, p, alpha, starts, group, toks, tok_mask, GE
 @triton.jit
 def _store_values(part, acc_a, acc_b, inv_l, head_mask, GEOMETRY: tl.constexpr, WHOLE_GROUPS: tl.constexpr):
     """Write one value group's normalized accumulator to its channels ``OFF .. OFF + DIM - 1`` of the split's row."""
+    BITS: tl.constexpr = GEOMETRY[0]
     CPG: tl.constexpr = GEOMETRY[2]
     GROUPS: tl.constexpr = GEOMETRY[3]
     DIM: tl.constexpr = GEOMETRY[4]
@@ -214,7 +215,7 @@ def _store_values(part, acc_a, acc_b, inv_l, head_mask, GEOMETRY: tl.constexpr, 
         tl.store(part + OFF + even[None, :] + 1, acc_b * inv_l[:, None],
                  mask=head_mask[:, None] & (even + 1 < DIM)[None, :])
     else:
-        CHANNEL_ORDER: tl.constexpr = GEOMETRY[0] == 3 and WHOLE_GROUPS
+        CHANNEL_ORDER: tl.constexpr = BITS == 3 and WHOLE_GROUPS
         coords = tl.arange(0, CPG * GROUPS) if CHANNEL_ORDER else stream_coordinates(g_offs, CPG)
         tl.store(part + OFF + coords[None, :], acc_a * inv_l[:, None],
                  mask=head_mask[:, None] & (coords < DIM)[None, :])
