@@ -53,10 +53,11 @@ def sdpa_best(timer: Timer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
 
 
 
-def _packed_cache(bsz: int, ctx: int, k_bits: float, v_bits: float, device: torch.device) -> tuple:
+def _packed_cache(bsz: int, ctx: int, k_bits: float, v_bits: float, head_dim: int, device: torch.device) -> tuple:
     """Random packed K/V fields, their :class:`CacheFormat` and per-(row, KV head) channel orders: ``bits`` 1-4 is one
-    TurboQuant_mse group per stream, 3.5 the paper's outlier preset (32 channels at 4 bits, 96 at 3, each group
-    with its own Haar rotation, a random channel order per row and KV head, as the cache stores it)."""
+    TurboQuant_mse group per stream, 3.5 the paper's outlier preset (32 channels at 4 bits, the other
+    ``head_dim - 32`` at 3, each group with its own Haar rotation, a random channel order per row and KV head, as the
+    cache stores it)."""
     from turboquant.codebook import lloyd_max_codebook
     from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup, GroupFields
     from turboquant.rotation import make_rotation
@@ -64,7 +65,7 @@ def _packed_cache(bsz: int, ctx: int, k_bits: float, v_bits: float, device: torc
     lead = (bsz, HEADS_KV, ctx)
 
     def stream(bits: float, seed: int) -> tuple[list, list]:
-        layout = [(HEAD_DIM, int(bits))] if bits == int(bits) else [(32, 4), (HEAD_DIM - 32, 3)]
+        layout = [(head_dim, int(bits))] if bits == int(bits) else [(32, 4), (head_dim - 32, 3)]
         if bits not in (1, 2, 3, 4, 3.5):
             raise ValueError(f"decode bits must be 1-4 or 3.5 (the outlier preset), got {bits}")
         groups = [ChannelGroup(m, b, make_rotation("haar", m, seed=seed + i, device=device).matrix(),
@@ -77,7 +78,7 @@ def _packed_cache(bsz: int, ctx: int, k_bits: float, v_bits: float, device: torc
     perms = {}
     for name, groups in (("key_permutation", key_groups), ("value_permutation", value_groups)):
         if len(groups) == 2:
-            perms[name] = torch.rand(bsz, HEADS_KV, HEAD_DIM, device=device).argsort(dim=-1)
+            perms[name] = torch.rand(bsz, HEADS_KV, head_dim, device=device).argsort(dim=-1)
     return keys, values, cache_format, perms
 
 
@@ -89,9 +90,10 @@ def _head_slice(fields: list, rows: int, tokens: int) -> list:
 
 
 def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Row]:
-    """Split-KV decode attention over a packed K/V cache vs SDPA over a bf16 cache (32 q / 8 KV heads, d=128), at
-    every (batch, context) x (key bits, value bits) of ``sizes`` and the ``extra`` (batch, context, k, v) cases.
-    Variants whose decoder is inline PTX are skipped off CUDA (the interpreter cannot run PTX)."""
+    """Split-KV decode attention over a packed K/V cache vs SDPA over a bf16 cache (32 q / 8 KV heads), at every
+    (batch, context) x (key bits, value bits) of ``sizes`` and the ``extra`` (batch, context, k, v) cases, for each
+    head dimension of ``sizes.head_dims`` (default [128], Llama-3.1-8B's; 64 is Qwen2.5-0.5B's). Variants whose
+    decoder is inline PTX are skipped off CUDA (the interpreter cannot run PTX)."""
     from turboquant.kernels.decode_attention import (
         decode_attention_groups_reference,
         decode_attention_groups_triton,
@@ -103,22 +105,23 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
     rows, device, baselines = [], bench.device, {}
     cases = [(b, c, kb, vb) for b, c in sizes.batch_context for kb, vb in sizes.bits]
     cases += [tuple(case) for case in sizes.get("extra", [])]
-    for bsz, ctx, k_bits, v_bits in cases:
-        size = f"B={bsz} ctx={ctx}"
-        q = torch.randn(bsz, HEADS_Q, HEAD_DIM, device=device, dtype=torch.bfloat16)
+    head_dims = [int(d) for d in sizes.get("head_dims", [HEAD_DIM])]
+    for (bsz, ctx, k_bits, v_bits), head_dim in ((case, d) for d in head_dims for case in cases):
+        size = f"B={bsz} ctx={ctx}" + ("" if head_dim == HEAD_DIM else f" d={head_dim}")
+        q = torch.randn(bsz, HEADS_Q, head_dim, device=device, dtype=torch.bfloat16)
         if size not in baselines:
             if device.type == "cuda":
-                k = torch.randn(bsz, HEADS_KV, ctx, HEAD_DIM, device=device, dtype=torch.bfloat16)
+                k = torch.randn(bsz, HEADS_KV, ctx, head_dim, device=device, dtype=torch.bfloat16)
                 baselines[size] = sdpa_best(bench.timer, q[:, :, None], k, torch.randn_like(k))
                 del k
-                bf16_bytes = 2 * bsz * HEADS_KV * ctx * HEAD_DIM * 2
+                bf16_bytes = 2 * bsz * HEADS_KV * ctx * head_dim * 2
                 rows.append(Row("decode", "bf16 sdpa baseline", size, baselines[size][1], bf16_bytes,
                                 bench.floor_us(bf16_bytes), f"sdpa bf16 ({baselines[size][0]})", baselines[size][1],
                                 ""))
             else:
                 baselines[size] = ("none (cpu)", float("nan"))
         base_name, t_base = baselines[size]
-        keys, values, cache_format, perms = _packed_cache(bsz, ctx, k_bits, v_bits, device)
+        keys, values, cache_format, perms = _packed_cache(bsz, ctx, k_bits, v_bits, head_dim, device)
         seq_lens = torch.full((bsz,), ctx, dtype=torch.int32, device=device)
         rb, n_check = min(bsz, 2), min(ctx, 4096)
         check_lens = torch.randint(1, n_check + 1, (rb,), dtype=torch.int32, device=device)
