@@ -271,7 +271,8 @@ def agreement_with(df: pd.DataFrame, reference: str) -> pd.DataFrame:
     text), ``delta`` (the Average difference ×100, the mean over datasets of the mean per-sample difference; NaN
     unless every dataset of the reference has a pair), ``delta_se``, its standard error from the paired per-sample
     differences: Average = mean over the D datasets, so SE² = Σ_d s_d² / n_d / D² (s_d: std of the differences on
-    dataset d, n_d its samples), and ``pairs``, the samples both scored."""
+    dataset d, n_d its samples), ``pairs``, the samples both scored, and the fewest / most of them on one dataset
+    (``pairs_min`` / ``pairs_max``)."""
     keys = ["task", "sample_id"]
     ref = df[df["method"] == reference].set_index(keys)[["prediction", "score"]]
     rows = {}
@@ -288,6 +289,8 @@ def agreement_with(df: pd.DataFrame, reference: str) -> pd.DataFrame:
             "delta": float(per_task["mean"].mean()) if covered else float("nan"),
             "delta_se": float(np.sqrt(variance)),
             "pairs": len(paired),
+            "pairs_min": int(per_task["count"].min()) if n_tasks else 0,
+            "pairs_max": int(per_task["count"].max()) if n_tasks else 0,
         }
     return pd.DataFrame.from_dict(rows, orient="index")
 
@@ -450,17 +453,20 @@ _PAPER_KEY = {"kivi3": ("KIVI", 3), "kivi5": ("KIVI", 5), "polarquant": ("PolarQ
 
 
 def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Average minus the full cache's Average, per method standing for a paper row (``paper_method``).
+    """Average minus the full cache's Average, per method standing for a paper row (``paper_method``), over every
+    sample the method shares with the full cache (``delta_all_pairs`` ± its paired SE): a method with few samples
+    lowers its own row's power, not the others'.
 
     The paper's absolute Averages (``longbench.average.*``) are only compared for runs on the real
     LongBench-E; a substitute run leaves them MISSING.
     """
     df = _largest_setting(df)
-    out = tables(df)
-    table, counts = out["table"], out["counts"]
+    table = tables(df)["table"]
     if table.empty or "delta_vs_full" not in table.columns:
         return []
     paper_method = df.groupby("method", sort=False)["paper_method"].first()
+    full = next(m for m in table.index if paper_method[m] == "full")
+    pairs = agreement_with(df, full)
     real = bool((df["data_source"] != "embedded").all())
     where = f"{df['model_label'].iloc[0]}; {df['data'].iloc[0]}"
     rows = []
@@ -468,12 +474,12 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
         key = paper_method[method]
         if not key:
             continue
-        if key in _PAPER_KEY:
-            per_dataset = counts.loc[method] if method in counts.index else pd.Series(dtype=int)
-            samples = (f"{int(per_dataset.sum())} samples, {int(per_dataset.min())}-{int(per_dataset.max())} per dataset"
-                       if len(per_dataset) else "no samples")
-            rows.append({"id": f"longbench.avg_delta.{key}", "value": float(row["delta_vs_full"]),
-                         "se": float(row["delta_se"]),  # paired over samples: within 2 SE is not judged
+        if key in _PAPER_KEY and np.isfinite(pairs.loc[method, "delta"]):  # NaN: a dataset without a pair
+            pair = pairs.loc[method]
+            samples = (f"{int(pair['pairs'])} samples paired with the full cache, "
+                       f"{int(pair['pairs_min'])}-{int(pair['pairs_max'])} per dataset")
+            rows.append({"id": f"longbench.avg_delta.{key}", "value": float(pair["delta"]),
+                         "se": float(pair["delta_se"]),  # paired over samples: within 2 SE is not judged
                          "detail": f"{row['method_label']} Average − full cache Average, {samples} ({where})"})
         if real:
             ids = [f"longbench.average.{key}"] + (["longbench.average.turboquant_2.5.iclr"] if key == "turboquant_2.5" else [])

@@ -121,3 +121,26 @@ def test_all_pairs_difference_uses_every_sample_a_method_shares_with_full():
     assert table.loc["a", "delta_all_pairs"] == pytest.approx(-100 * 0.1 / 4)  # sample 3 of 4 lost 0.1
     assert table.loc["a", "pairs"] == 4 * len(DATASETS) and table.loc["b", "pairs"] == 2 * len(DATASETS)
     assert table.loc["a", "delta_se_all_pairs"] > 0 and table.loc["b", "delta_all_pairs"] == 0
+
+
+def test_paper_rows_pair_each_method_with_full_on_its_own_samples():
+    """A paper row's difference is the method's own paired difference with the full cache: a slow method with few
+    samples (here ``kivi``, 1 per dataset) does not cut the others' rows to its samples."""
+    rows = []
+    for task in DATASETS:
+        for sample in range(4):
+            base = 0.5 + 0.1 * (sample % 2)
+            rows.append({"task": task, "sample_id": sample, "method": "full", "score": base, "paper_method": "full"})
+            rows.append({"task": task, "sample_id": sample, "method": "tq", "score": base - 0.1 * (sample == 3),
+                         "paper_method": "turboquant_3.5"})
+            if sample == 0:
+                rows.append({"task": task, "sample_id": sample, "method": "kivi", "score": base,
+                             "paper_method": "kivi3"})
+    frame = pd.DataFrame(rows).assign(prediction="x", length_bucket="0-4k", method_label=lambda d: d["method"],
+                                      max_length=8000, max_new_tokens_cap=128, data_source="embedded",
+                                      model_label="m", data="d")
+    out = {row["id"]: row for row in lb.paper_comparison(frame)}
+    tq = out["longbench.avg_delta.turboquant_3.5"]
+    assert tq["value"] == pytest.approx(-100 * 0.1 / 4) and tq["se"] > 0  # all 4 samples, not kivi's 1
+    assert f"{4 * len(DATASETS)} samples paired with the full cache, 4-4 per dataset" in tq["detail"]
+    assert out["longbench.avg_delta.kivi3"]["value"] == 0
