@@ -414,13 +414,14 @@ def plot(df: pd.DataFrame, cfg: Any, figures_dir: Path) -> list[Path]:
         ax.set_ylabel("score (×100)")
         ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
         if "delta_vs_full" in table:  # differences exist only when a full-cache method ran (tables())
-            y = np.arange(len(table))
-            ax_delta.barh(y, table["delta_vs_full"], xerr=table["delta_se"], capsize=3,
+            y = np.arange(len(table))  # each method against full on every sample the two share (paper_comparison)
+            ax_delta.barh(y, table["delta_all_pairs"], xerr=table["delta_se_all_pairs"], capsize=3,
                           color=[colors[i % len(colors)] for i in range(len(table))])
             ax_delta.axvline(0, color="black", linewidth=0.8)
-            ax_delta.set_yticks(y, table["method_label"].map(lambda label: textwrap.fill(str(label), 28)), fontsize=7)
+            labels = [textwrap.fill(f"{row['method_label']} [{int(row['pairs'])}]", 28) for _, row in table.iterrows()]
+            ax_delta.set_yticks(y, labels, fontsize=7)
             ax_delta.invert_yaxis()
-            ax_delta.set_xlabel("Average − full cache (±1 paired SE)")
+            ax_delta.set_xlabel("Average − full cache on every shared sample\n[pairs] (±1 paired SE)")
         else:
             ax_delta.set_visible(False)
         samples = int(df.groupby(["task", "method"]).size().min())
