@@ -2,6 +2,7 @@
 
     python run.py experiment=distortion                       # quick scale, default dataset
     python run.py experiment=needle scale=smoke only=[full,kivi]
+    python run.py experiment=longbench scale=gpu shard=0/2          # half the missing units (shard=1/2: the rest)
     python run.py -m hydra/launcher=joblib experiment=distortion quantizer.rotation=haar,hadamard
     python run.py --help                                      # the experiments and the config groups
 
@@ -9,7 +10,8 @@ Each experiment module provides ``run(cfg, store) -> pandas.DataFrame`` and
 ``plot(df, cfg, figures_dir) -> list[Path]``; optionally ``RESULT_KEYS`` (the dotted config paths
 that determine its numbers, see :mod:`experiments.io`) and ``paper_comparison(df)`` (see
 ``scripts/compare_to_paper.py``). This file only wires them together, and applies the root config's
-``only`` (a subset of ``experiment.methods``) before the experiment sees its config.
+``only`` (a subset of ``experiment.methods``) and ``shard`` (a part of the units, :class:`experiments.io.Shard`)
+before the experiment sees its config.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from types import ModuleType
 import hydra
 from omegaconf import DictConfig, ListConfig, open_dict
 
-from experiments.io import ResultStore
+from experiments.io import ResultStore, Shard
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -90,6 +92,16 @@ def select_methods(cfg: DictConfig) -> None:
                     del cfg.experiment.methods[name]
 
 
+def take_shard(cfg: DictConfig) -> Shard | None:
+    """The root config's ``shard`` (``"i/n"``: compute only part i of n of the missing units, so n processes of one
+    command share its work) as a :class:`Shard`, or None; the key is dropped, so the shard never enters a result's
+    identity and the shards' rows are the unsplit run's."""
+    text = cfg.get("shard")
+    with open_dict(cfg):
+        cfg.pop("shard", None)
+    return None if text is None else Shard.parse(text)
+
+
 def _multirun_figures_dir() -> Path | None:
     """In a Hydra multirun whose jobs differ in more than experiment/dataset/scale/paths (see
     ``hydra.job.config.override_dirname.exclude_keys`` in config.yaml), e.g. ``quantizer.rotation=haar,hadamard``,
@@ -135,12 +147,13 @@ def run_experiment(cfg: DictConfig, root: Path = REPO_ROOT) -> RunOutputs:
     Raises :class:`Interrupted` on Ctrl-C (KeyboardInterrupt), counting the units this run stored.
     """
     select_methods(cfg)
+    shard = take_shard(cfg)
     name = cfg.experiment.name
     module = load_experiment(name)
     results_dir = resolve_path(cfg.paths.results_dir, root)
     figures_dir = _multirun_figures_dir() or resolve_path(cfg.paths.figures_dir, root)
 
-    store = ResultStore(results_dir, name, cfg, result_keys=getattr(module, "RESULT_KEYS", None))
+    store = ResultStore(results_dir, name, cfg, result_keys=getattr(module, "RESULT_KEYS", None), shard=shard)
     stored_before = _stored_units(store)
     try:
         frame = module.run(cfg, store)

@@ -30,6 +30,9 @@ Consequences
       ``config_id``: old rows stay in the CSV but are never mixed into the new run's frame.
     * Two experiments never share a directory, so they cannot clobber each other.
     * Several jobs of a Hydra multirun append to the same CSV; writes are serialised by a file lock.
+    * A run can be split over processes that share the store: with ``shard=Shard(i, n)`` a store computes only
+      the units whose ``unit_id`` is i modulo n (``run.py ... shard=i/n``), so n processes of one command divide
+      its missing units without overlap; the shard is not part of the identity, so the rows are the unsplit run's.
     * Files are replaced atomically (a temporary file renamed over the target, created with the usual
       ``0666 & ~umask`` mode, e.g. 0644); a temporary file left by a killed writer is removed by the next.
 """
@@ -56,10 +59,10 @@ from tqdm.auto import tqdm
 
 from experiments.data.cache import file_lock
 
-__all__ = ["ResultStore", "result_config", "config_to_dict", "experiment_sizes", "recorded_unit_ids"]
+__all__ = ["ResultStore", "Shard", "result_config", "config_to_dict", "experiment_sizes", "recorded_unit_ids"]
 
 #: Top-level config groups that never change a measured number.
-NON_RESULT_KEYS: tuple[str, ...] = ("paths", "hydra")
+NON_RESULT_KEYS: tuple[str, ...] = ("paths", "hydra", "shard")  # shard: which process computes a unit, not what
 
 #: Hash columns, always read back as strings (an all-digit hash must not become an integer).
 _ID_COLUMNS: tuple[str, ...] = ("config_id", "unit_id")
@@ -172,6 +175,33 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """Part ``index`` of ``count`` of a run's units: those whose ``unit_id`` (a hex hash) is ``index`` modulo
+    ``count``, so every unit belongs to exactly one shard of the same command."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.index, int) and isinstance(self.count, int) and 0 <= self.index < self.count):
+            raise ValueError(f"a shard is i/n with 0 <= i < n, got {self.index}/{self.count}")
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """``"i/n"`` (e.g. ``shard=0/4`` on the command line) -> ``Shard(i, n)``; anything else is refused."""
+        index, sep, count = str(text).partition("/")
+        if not (sep and index.strip().isdigit() and count.strip().isdigit()):
+            raise ValueError(f"shard={text!r}: expected i/n, e.g. shard=0/4 (part 0 of 4)")
+        return cls(int(index), int(count))
+
+    def holds(self, unit_id: str) -> bool:
+        return int(unit_id, 16) % self.count == self.index
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+@dataclass(frozen=True)
 class _Rows:
     """What ``results.csv`` holds: its whole rows (``frame``) and, by line number, why other rows are damaged."""
 
@@ -256,8 +286,10 @@ class ResultStore:
         config: Any,
         result_keys: Sequence[str] | None = None,
         read_only: bool = False,
+        shard: Shard | None = None,
     ) -> None:
-        """``read_only``: a store that reads rows and run records but writes nothing (``scripts/replot.py``)."""
+        """``read_only``: a store that reads rows and run records but writes nothing (``scripts/replot.py``);
+        ``shard``: :meth:`run_units` computes only that shard's units (every unit is still read back)."""
         if not experiment or not all(c.isalnum() or c in "_-" for c in experiment):
             raise ValueError(f"experiment name must be a non-empty [A-Za-z0-9_-] string, got {experiment!r}")
         self.experiment = experiment
@@ -277,6 +309,7 @@ class ResultStore:
             "seed": self.config.get("seed"),
         }
         self.read_only = read_only
+        self.shard = shard
         if not read_only:
             self._write_run_record()
 
@@ -438,9 +471,11 @@ class ResultStore:
         prepared)`` returns the unit's rows. With ``batches(missing, prepared)``, which groups the missing units into
         batches computed together (prompts of one generation), ``compute(batch, prepared)`` returns one list of rows per
         unit of the batch, or None when the batch failed and is left missing (the caller says why). ``progress``
-        labels the progress bar (a callable gets what ``prepare`` returned).
+        labels the progress bar (a callable gets what ``prepare`` returned). With a :class:`Shard`, only its
+        missing units are computed; the rows returned are still all the stored rows of ``units``.
         """
-        missing = [unit for unit in units if not self.is_done(unit)]
+        missing = [unit for unit in units if not self.is_done(unit)
+                   and (self.shard is None or self.shard.holds(self.unit_id(unit)))]
         if missing:
             prepared = prepare(missing) if prepare is not None else None
             groups = batches(missing, prepared) if batches is not None else missing

@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import run
-from experiments.io import ResultStore
+from experiments.io import ResultStore, Shard
 
 CONFIGS = Path(run.__file__).resolve().parent / "configs"
 CONFIG = {"experiment": {"name": "toy"}, "dataset": {"name": "toy_data"}, "scale": {"name": "quick"}, "seed": 0}
@@ -96,3 +96,36 @@ def test_processes_sharing_a_store_keep_every_unit(tmp_path: Path) -> None:
     frame = ResultStore(tmp_path, "shared", {"seed": 0}).frame()
     assert len(frame) == 45 and frame["unit_id"].is_unique
     assert sorted(frame.groupby("worker").size()) == [15, 15, 15]
+
+
+def test_shards_divide_the_missing_units_and_each_reads_every_row(tmp_path: Path) -> None:
+    """n stores of one config with shards 0/n .. n-1/n compute disjoint sets of units whose union is every missing
+    unit; the rows they write are the unsplit run's (the shard is not part of the identity)."""
+    config = {"experiment": {"name": "split"}, "seed": 0}
+    units = [{"k": k} for k in range(40)]
+    computed: list[list[int]] = []
+    for index in range(3):
+        store = ResultStore(tmp_path, "split", config, shard=Shard(index, 3))
+        mine: list[int] = []
+        frame = store.run_units(units, lambda unit, _, mine=mine: mine.append(unit["k"]) or [{"value": unit["k"]}])
+        computed.append(mine)
+        assert len(frame) == sum(map(len, computed))  # every stored row of the units, not the shard's alone
+    assert sorted(k for part in computed for k in part) == list(range(40)) and all(computed)
+    unsplit = ResultStore(tmp_path, "split", config)
+    assert unsplit.config_id == store.config_id and all(unsplit.is_done(unit) for unit in units)
+    assert ResultStore(tmp_path, "split", {**config, "shard": "1/3"}).config_id == unsplit.config_id
+
+
+@pytest.mark.parametrize("text", ["3/3", "1", "a/2", "-1/2", "1/0", ""])
+def test_a_malformed_shard_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="shard"):
+        Shard.parse(text)
+
+
+def test_run_py_takes_the_shard_out_of_the_config() -> None:
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose(config_name="config", overrides=["experiment=distortion", "shard=1/4"])
+    assert run.take_shard(cfg) == Shard(1, 4) and "shard" not in cfg
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose(config_name="config", overrides=["experiment=distortion"])
+    assert run.take_shard(cfg) is None
