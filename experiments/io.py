@@ -184,7 +184,7 @@ class Shard:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.index, int) and isinstance(self.count, int) and 0 <= self.index < self.count):
-            raise ValueError(f"a shard is i/n with 0 <= i < n, got {self.index}/{self.count}")
+            raise ValueError(f"shard={self.index}/{self.count}: expected i/n with 0 <= i < n (part i of n)")
 
     @classmethod
     def parse(cls, text: str) -> Shard:
