@@ -160,16 +160,21 @@ def plot_trend(table: pd.DataFrame, coverage: GridCoverage, figures_dir: str | P
     with figure_style():
         fig, axes = plt.subplots(1, len(BENCHMARKS), figsize=(4.2 * len(BENCHMARKS), 3.8), squeeze=False,
                                  constrained_layout=True)
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]  # one colour per method in every panel
+        span = (table["parameters"].min() / 10 ** 0.15, table["parameters"].max() * 10 ** 0.15)  # shared x range
         for ax, benchmark in zip(axes[0], BENCHMARKS):
             rows = table[table["benchmark"] == benchmark]
-            for offset, method in zip(np.linspace(-0.04, 0.04, len(TREND_METHODS)), TREND_METHODS):
+            for index, method in enumerate(TREND_METHODS):
                 hit = rows[rows["method"] == method].sort_values("parameters")
                 if hit.empty:
                     continue
+                offset = np.linspace(-0.04, 0.04, len(TREND_METHODS))[index]
                 ax.errorbar(hit["parameters"] * 10 ** offset, hit["gap"], yerr=hit["gap_se"], marker="o", capsize=3,
+                            color=colors[index % len(colors)],
                             label=method)  # the method's config name: its label does not fit a legend
             ax.axhline(0, color="k", lw=0.8)
             ax.set_xscale("log")
+            ax.set_xlim(*span)
             ax.set(xlabel="parameters", ylabel="gap to the full cache (points)", title=benchmark)
             if rows.empty:
                 ax.text(0.5, 0.5, "no committed rows", ha="center", va="center", transform=ax.transAxes)
