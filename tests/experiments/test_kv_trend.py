@@ -62,3 +62,25 @@ def test_a_run_without_a_parameter_count_is_a_clear_error(tmp_path: Path) -> Non
     record.write_text(record.read_text().replace('"parameters": 100', '"other": 1'))
     with pytest.raises(ValueError, match="no provenance.model.parameters"):
         trend_table(tmp_path)
+
+
+def test_a_method_keeps_its_colour_in_every_panel(tmp_path: Path, monkeypatch) -> None:
+    """A panel without some methods must not hand their colours to the others (the legend is shared)."""
+    import matplotlib.pyplot as plt
+
+    from experiments import kv_trend
+
+    needle = [{"method": m, "method_label": m, "paper_method": m, "context": 4000, "depth": d, "score": 1.0}
+              for d in (0.0, 0.25, 0.5, 0.75, 1.0) for m in ("full", "turboquant_3p5_window")]
+    _store(tmp_path, "needle", "small", 100, needle)
+    ruler = [{"method": m, "method_label": m, "task": "vt", "context": 4096, "sample": i, "score": 100.0}
+             for i in range(6) for m in ("full", "kivi")]
+    _store(tmp_path, "ruler", "small", 100, ruler)
+    table, coverage = trend_table(tmp_path)
+    drawn = []
+    monkeypatch.setattr(kv_trend, "save_figure", lambda fig, *args: drawn.append(fig) or [])
+    plot_trend(table, coverage, tmp_path / "figures")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    seen = {label: handle[0].get_color()
+            for ax in drawn[0].axes for handle, label in zip(*ax.get_legend_handles_labels())}
+    assert seen == {m: colors[kv_trend.TREND_METHODS.index(m) % len(colors)] for m in ("turboquant_3p5_window", "kivi")}
