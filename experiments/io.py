@@ -197,9 +197,6 @@ class Shard:
     def holds(self, unit_id: str) -> bool:
         return int(unit_id, 16) % self.count == self.index
 
-    def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
-
 
 @dataclass(frozen=True)
 class _Rows:
