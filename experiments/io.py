@@ -455,6 +455,12 @@ class ResultStore:
                                  + "; ".join(f"line {line} {reason}" for line, reason in damaged.items()))
             _atomic_write_text(self.csv_path, text)
 
+    def missing_units(self, units: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """The units of ``units`` not stored yet (of this store's shard, when it has one), in order: what
+        :meth:`run_units` would compute."""
+        return [unit for unit in units if not self.is_done(unit)
+                and (self.shard is None or self.shard.holds(self.unit_id(unit)))]
+
     def run_units(self, units: Sequence[Mapping[str, Any]], compute: Callable[..., Any], *,
                   prepare: Callable[[list[Mapping[str, Any]]], Any] | None = None,
                   batches: Callable[[list[Mapping[str, Any]], Any], list[list[Mapping[str, Any]]]] | None = None,
@@ -471,8 +477,7 @@ class ResultStore:
         labels the progress bar (a callable gets what ``prepare`` returned). With a :class:`Shard`, only its
         missing units are computed; the rows returned are still all the stored rows of ``units``.
         """
-        missing = [unit for unit in units if not self.is_done(unit)
-                   and (self.shard is None or self.shard.holds(self.unit_id(unit)))]
+        missing = self.missing_units(units)
         if missing:
             prepared = prepare(missing) if prepare is not None else None
             groups = batches(missing, prepared) if batches is not None else missing

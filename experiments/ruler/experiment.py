@@ -44,7 +44,8 @@ from experiments.ruler.library import RulerTask, check_dependencies, package_pro
 from experiments.ruler.samples import RulerSample, generate_sample_sets
 from experiments.ruler.table import AVERAGE, summary_table
 
-__all__ = ["RESULT_KEYS", "RulerSizes", "ruler_sizes", "unit_of", "run", "stored_frame", "plot", "write_tables"]
+__all__ = ["RESULT_KEYS", "RulerSizes", "ruler_sizes", "unit_of", "missing_units", "sample_sets_for", "run",
+           "stored_frame", "plot", "write_tables"]
 
 #: Version of the protocol, part of every unit.
 PROTOCOL = 1
@@ -159,6 +160,26 @@ def _workers() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
+def missing_units(cfg: Any, store: ResultStore) -> list[dict[str, Any]]:
+    """The units of the configured grid that ``store`` does not hold yet (of its shard): what :func:`run`
+    computes."""
+    return store.missing_units(_units(cfg, _method_runs(kv_methods(cfg), ruler_sizes(cfg).method_seeds)))
+
+
+def sample_sets_for(cfg: Any, units: list[dict[str, Any]], tokenizer: Any
+                    ) -> tuple[dict[tuple[str, int], list[RulerSample]], dict[tuple[str, int], str]]:
+    """The sample sets of every (task, context) of ``units``, from the cache
+    (``<cache>/ruler_samples/<model>``) or generated into it, and the (task, context) pairs that failed, with why.
+    ``tokenizer`` must be the one the run loads (``load_model``): the cache key includes its fingerprint."""
+    tasks = ruler_tasks()
+    needed = list(dict.fromkeys((unit["task"], unit["context"]) for unit in units))
+    return generate_sample_sets(
+        [(tasks[t], c) for t, c in needed], tokenizer, num_samples=ruler_sizes(cfg).samples,
+        random_seed=int(cfg.experiment.random_seed), system=str(cfg.experiment.system),
+        cache_dir=cache_root() / "ruler_samples" / str(cfg.model.name),
+        timeout_s=float(cfg.experiment.generation_timeout_s), workers=_workers())
+
+
 def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
     """Every (task, context, sample, method, seed) not yet in ``store``, context-major; writes the tables."""
     check_dependencies()
@@ -180,12 +201,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         torch.manual_seed(int(cfg.seed))
         loaded = load_model(spec, device=cfg.scale.device)
         store.record_provenance(**_describe(loaded))
-        needed = list(dict.fromkeys((unit["task"], unit["context"]) for unit in missing))
-        sample_sets, failed = generate_sample_sets(
-            [(tasks[t], c) for t, c in needed], loaded.tokenizer, num_samples=sizes.samples,
-            random_seed=int(cfg.experiment.random_seed), system=str(cfg.experiment.system),
-            cache_dir=cache_root() / "ruler_samples" / spec.name,
-            timeout_s=float(cfg.experiment.generation_timeout_s), workers=_workers())
+        sample_sets, failed = sample_sets_for(cfg, missing, loaded.tokenizer)
         for (name, context), why in failed.items():
             failures[f"{name} at {context}"] = f"sample generation: {why}"
             tqdm.write(f"ruler: {name} at {context} tokens skipped: {why}")

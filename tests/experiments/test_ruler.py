@@ -176,6 +176,7 @@ def test_ruler_runs_end_to_end_and_a_killed_run_resumes(tiny_model_dir: Path, tm
         return original(*args, **kwargs)
 
     monkeypatch.setattr(ruler, "_rows", killed_after_two)
+    assert len(ruler.missing_units(cfg, ResultStore(tmp_path, "ruler", cfg, result_keys=ruler.RESULT_KEYS))) == units
     with pytest.raises(KeyboardInterrupt):
         ruler.run(cfg, ResultStore(tmp_path, "ruler", cfg, result_keys=ruler.RESULT_KEYS))
     done = sum(calls)
@@ -211,6 +212,7 @@ def test_ruler_runs_end_to_end_and_a_killed_run_resumes(tiny_model_dir: Path, tm
     monkeypatch.setattr(ruler, "load_model", refuse)  # nothing to do: not even the model is loaded
     again = ruler.run(cfg, ResultStore(tmp_path, "ruler", cfg, result_keys=ruler.RESULT_KEYS))
     assert len(again) == units
+    assert ruler.missing_units(cfg, ResultStore(tmp_path, "ruler", cfg, result_keys=ruler.RESULT_KEYS)) == []
 
     # scripts/replot.py's path: the stored grid, read-only, with the config's current labels, and the tables
     from experiments import ruler as package
