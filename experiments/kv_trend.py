@@ -162,13 +162,13 @@ def plot_trend(table: pd.DataFrame, coverage: GridCoverage, figures_dir: str | P
                                  constrained_layout=True)
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]  # one colour per method in every panel
         span = (table["parameters"].min() / 10 ** 0.15, table["parameters"].max() * 10 ** 0.15)  # shared x range
+        offsets = np.linspace(-0.04, 0.04, len(TREND_METHODS))  # methods side by side at one model
         for ax, benchmark in zip(axes[0], BENCHMARKS):
             rows = table[table["benchmark"] == benchmark]
-            for index, method in enumerate(TREND_METHODS):
+            for index, (offset, method) in enumerate(zip(offsets, TREND_METHODS)):
                 hit = rows[rows["method"] == method].sort_values("parameters")
                 if hit.empty:
                     continue
-                offset = np.linspace(-0.04, 0.04, len(TREND_METHODS))[index]
                 ax.errorbar(hit["parameters"] * 10 ** offset, hit["gap"], yerr=hit["gap_se"], marker="o", capsize=3,
                             color=colors[index % len(colors)],
                             label=method)  # the method's config name: its label does not fit a legend

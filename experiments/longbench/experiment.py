@@ -300,7 +300,8 @@ def tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     all 13 datasets) and ``buckets`` (method × LongBench-E length bucket, mean over datasets), all over the
     samples every method has scored; ``table`` also gives each method's difference to the full cache over all the
     samples the two have scored (``delta_all_pairs`` ± ``delta_se_all_pairs``, ``pairs``: more power where one
-    method has fewer samples than the others)."""
+    method has fewer samples than the others), whose whole :func:`agreement_with` frame is ``every_pair`` (empty
+    without a full-cache method)."""
     all_samples = df
     df = paired_samples(df)
     order = _method_order(df)
@@ -310,6 +311,7 @@ def tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     counts = df.pivot_table(index="method", columns="task", values="score", aggfunc="count").reindex(index=order)
     complete = [m for m in order if per_dataset.loc[m].notna().all() and len(per_dataset.columns) == len(DATASETS)]
     table = summary_table(per_dataset.loc[complete]) if complete else pd.DataFrame()
+    every_pair = pd.DataFrame()
     if not table.empty:
         table.insert(0, "method_label", [labels[m] for m in table.index])
         full = [m for m in complete if df.loc[df["method"] == m, "paper_method"].iloc[0] == "full"]
@@ -325,7 +327,8 @@ def tables(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     by_bucket = df.groupby(["method", "task", "length_bucket"])["score"].mean().reset_index()
     buckets = by_bucket.pivot_table(index="method", columns="length_bucket", values="score", aggfunc="mean") * 100
     buckets = buckets.reindex(index=order, columns=[b for b in LENGTH_BUCKETS if b in buckets.columns])
-    return {"per_dataset": per_dataset, "counts": counts, "table": table, "buckets": buckets}
+    return {"per_dataset": per_dataset, "counts": counts, "table": table, "buckets": buckets,
+            "every_pair": every_pair}
 
 
 def _markdown(frame: pd.DataFrame, index_name: str) -> str:
@@ -462,12 +465,11 @@ def paper_comparison(df: pd.DataFrame) -> list[dict[str, Any]]:
     LongBench-E; a substitute run leaves them MISSING.
     """
     df = _largest_setting(df)
-    table = tables(df)["table"]
+    out = tables(df)
+    table, pairs = out["table"], out["every_pair"]
     if table.empty or "delta_vs_full" not in table.columns:
         return []
     paper_method = df.groupby("method", sort=False)["paper_method"].first()
-    full = next(m for m in table.index if paper_method[m] == "full")
-    pairs = agreement_with(df, full)
     real = bool((df["data_source"] != "embedded").all())
     where = f"{df['model_label'].iloc[0]}; {df['data'].iloc[0]}"
     rows = []
