@@ -54,12 +54,12 @@ def sdpa_best(timer: Timer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
 
 
 def _packed_cache(bsz: int, ctx: int, k_bits: float, v_bits: float, head_dim: int, device: torch.device) -> tuple:
-    """Random packed K/V fields, their :class:`CacheFormat` and per-(row, KV head) channel orders: ``bits`` 1-4 is one
+    """Random packed K/V codes, their :class:`CacheFormat` and per-(row, KV head) channel orders: ``bits`` 1-4 is one
     TurboQuant_mse group per stream, 3.5 the paper's outlier preset (32 channels at 4 bits, the other
     ``head_dim - 32`` at 3, each group with its own Haar rotation, a random channel order per row and KV head, as the
     cache stores it)."""
     from turboquant.codebook import lloyd_max_codebook
-    from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup, GroupFields
+    from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup
     from turboquant.rotation import make_rotation
 
     lead = (bsz, HEADS_KV, ctx)
@@ -70,7 +70,8 @@ def _packed_cache(bsz: int, ctx: int, k_bits: float, v_bits: float, head_dim: in
             raise ValueError(f"decode bits must be 1-4 or 3.5 (the outlier preset), got {bits}")
         groups = [ChannelGroup(m, b, make_rotation("haar", m, seed=seed + i, device=device).matrix(),
                                lloyd_max_codebook(m, b).centroids_tensor(device)) for i, (m, b) in enumerate(layout)]
-        fields = [GroupFields(random_packed(lead, m, b, device), random_norms(lead, device)) for m, b in layout]
+        fields = [group.packed(random_packed(lead, m, b, device), random_norms(lead, device))
+                  for group, (m, b) in zip(groups, layout)]
         return fields, groups
 
     (keys, key_groups), (values, value_groups) = stream(k_bits, 0), stream(v_bits, 10)
@@ -83,10 +84,8 @@ def _packed_cache(bsz: int, ctx: int, k_bits: float, v_bits: float, head_dim: in
 
 
 def _head_slice(fields: list, rows: int, tokens: int) -> list:
-    """The first ``rows`` batch rows and ``tokens`` tokens of every field (the reference check's subset)."""
-    from turboquant.kernels.decode_attention import GroupFields
-
-    return [GroupFields(*(None if t is None else t[:rows, :, :tokens] for t in f)) for f in fields]
+    """The first ``rows`` batch rows and ``tokens`` tokens of every group's codes (the reference check's subset)."""
+    return [f[:rows, :, :tokens] for f in fields]
 
 
 def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Row]:

@@ -39,20 +39,20 @@ class SplitCase:
 
 
 def _group(batch: int, tokens: int, dim: int, bits: int, seed: int, device: torch.device, prod: bool = False):
-    """(ChannelGroup, GroupFields) of ``bits``-bit random codes; ``prod``: (bits-1)-bit MSE + QJL signs."""
+    """(ChannelGroup, QuantizedVectors) of ``bits``-bit random codes; ``prod``: (bits-1)-bit MSE + QJL signs."""
     import turboquant as tq
-    from turboquant.kernels.decode_attention import ChannelGroup, GroupFields
+    from turboquant.kernels.decode_attention import ChannelGroup
 
     mse_bits = bits - 1 if prod else bits
     lead = (batch, HEADS_KV, tokens)
     rotation = tq.make_rotation("haar", dim, seed=seed, device=device).matrix()
     centroids = tq.lloyd_max_codebook(dim, mse_bits).centroids_tensor(device)
     qjl = tq.QJL(dim, seed=seed, device=device) if prod else None
-    fields = GroupFields(random_packed(lead, dim, mse_bits, device), random_norms(lead, device),
-                         random_packed(lead, dim, 1, device) if prod else None,
-                         random_norms(lead, device) if prod else None)
     sketch, scale = (qjl.matrix, qjl.scale) if prod else (None, None)
-    return ChannelGroup(dim, mse_bits, rotation, centroids, sketch, scale), fields
+    group = ChannelGroup(dim, mse_bits, rotation, centroids, sketch, scale)
+    return group, group.packed(random_packed(lead, dim, mse_bits, device), random_norms(lead, device),
+                               random_packed(lead, dim, 1, device) if prod else None,
+                               random_norms(lead, device) if prod else None)
 
 
 def split_cases(batch: int, tokens: int, device: torch.device) -> dict[str, SplitCase]:

@@ -7,10 +7,23 @@ kernel (4-bit K/V, B=8, 32K tokens, the 4-layer model of :func:`benchmarks.bench
 wall and CUDA-event ms per step, memory, and the torch.profiler tables sorted by CUDA and by CPU time. Then the
 registers, spills and shared memory of the quantize kernel variants it compiles. Output of session 2:
 ``results/kernels/session2/profile_decode_step_torch_profiler.txt``.
+
+    python -m benchmarks.profile_decode_step host [TOKENS]
+
+The host side of fused decode steps (B=8, default 8K tokens), per cache configuration (4-bit K/V without a
+window, the same with the 128-token window, the 3.5-bit preset): wall ms per step, the CUDA synchronisations one
+step makes with the Python line that makes each (``torch.cuda.set_sync_debug_mode``), and the functions with the
+most cumulative host time under ``cProfile``.
 """
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
+import sys
 import time
+import warnings
+from collections import Counter
 
 import torch
 
@@ -90,6 +103,66 @@ def quantize_kernel_resources() -> None:
         print("no resource report:", repr(exc))
 
 
+def sync_sites(step) -> Counter:
+    """(file:line -> count) of the CUDA synchronisations that ``step()`` makes, by the Python line making each."""
+    sites: Counter = Counter()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for warning in caught:
+        if "synchroniz" in str(warning.message):
+            sites[f"{warning.filename}:{warning.lineno}"] += 1
+    return sites
+
+
+def host_profile(batch: int = 8, tokens: int = 8192, steps: int = 5) -> None:
+    """Wall time, synchronisations and cProfile's top functions of fused decode steps, per configuration."""
+    from omegaconf import OmegaConf
+
+    from turboquant.kvcache import build_cache
+
+    device = torch.device("cuda")
+    model = decode_step_model(OmegaConf.create({"layers": 4, "intermediate_size": 14336, "vocab_size": 32000}),
+                              device)
+    token = torch.randint(0, 32000, (batch, 1), device=device)
+    configs = {
+        "fused 4-bit K/V, no window": {"key_bits": 4, "value_bits": 4},
+        "fused 4-bit K/V, 128-token window": {"key_bits": 4, "value_bits": 4, "residual_length": 128},
+        "fused 3.5-bit preset, 128-token window": {"bits": 3.5, "residual_length": 128},
+    }
+    for name, options in configs.items():
+        cache = build_cache("turboquant", model.config, fused_decode=True, **options)
+        fill_cache(cache, model, batch, tokens, device)
+        wall, events = _timed(model, token, cache, True)
+        sites = sync_sites(lambda: decode_step(model, token, cache, True))
+        print(f"{name}: wall {wall:.2f} ms/step, GPU events {events:.2f} ms/step, "
+              f"{sum(sites.values())} synchronisations per step", flush=True)
+        for site, count in sites.most_common(12):
+            print(f"    {count:3d} x {site}")
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(steps):
+            decode_step(model, token, cache, True)
+        torch.cuda.synchronize()
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
+        print(f"cProfile of {steps} steps (cumulative):\n{text.getvalue()}", flush=True)
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(20)
+        print(f"cProfile of {steps} steps (own time):\n{text.getvalue()}", flush=True)
+        del cache
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
-    profile_caches()
-    quantize_kernel_resources()
+    if sys.argv[1:2] == ["host"]:
+        host_profile(tokens=int(sys.argv[2]) if len(sys.argv) > 2 else 8192)
+    else:
+        profile_caches()
+        quantize_kernel_resources()

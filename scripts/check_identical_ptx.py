@@ -65,12 +65,13 @@ def codes(lead, dim, bits):
 
 def group(lead, dim, bits, seed, qjl=False):
     norms = (torch.rand(*lead, generator=gen) + 0.5).half()
-    fields = da.GroupFields(codes(lead, dim, bits) if bits else torch.empty(*lead, 0, dtype=torch.uint8), norms,
-                            codes(lead, dim, 1) if qjl else None, norms if qjl else None)
+    tensors = (codes(lead, dim, bits) if bits else torch.empty(*lead, 0, dtype=torch.uint8), norms,
+               codes(lead, dim, 1) if qjl else None, norms if qjl else None)
     spec = da.ChannelGroup(dim, bits, tq.make_rotation("haar", dim, seed=seed).matrix() if bits else None,
                            tq.lloyd_max_codebook(dim, bits).centroids_tensor() if bits else None,
                            torch.randn(dim, dim, generator=gen) if qjl else None, 1.0 if qjl else None)
-    return spec, fields
+    # trees before the single packed-code type (QuantizedVectors) passed a GroupFields tuple
+    return spec, spec.packed(*tensors) if hasattr(spec, "packed") else da.GroupFields(*tensors)
 
 x = torch.randn(300, 96, generator=gen).half()
 for bits in (4, 3, 2):

@@ -112,9 +112,11 @@ class QuantizedVectors:
 
     Attributes:
         codes: uint8 (*shape, ⌈d·mse_bits/8⌉), packed TurboQuant_mse indices (empty for pure QJL).
-        norms: float32 (*shape), ‖x‖.
+        norms: float32 (*shape), ‖x‖ (float16 where a code store keeps half-precision norms, as the KV cache
+            does: :meth:`_VectorQuantizer.stored`; every decoder and scorer widens them).
         qjl_signs: uint8 (*shape, ⌈d/8⌉), packed sign bits of S·r (TurboQuant_prod) or S·x (QJL), else None.
-        residual_norms: float32 (*shape), ‖r‖ of the unit vector's residual (TurboQuant_prod), else None.
+        residual_norms: float32 or float16 (*shape), ‖r‖ of the unit vector's residual (TurboQuant_prod), else
+            None.
         dim: d.  bits: total bits per coordinate of the codes (mse_bits + 1 with QJL).
         mse_bits: bits of the MSE stage (0 for pure QJL).
         signature: the settings of the quantizer that made these codes; decoding with other settings
@@ -258,6 +260,7 @@ class _VectorQuantizer:
     _triton: bool = False  # scores (and encodes) through the Triton kernels
     backend: str = "torch"
     _numba: bool = False  # set by quantizers with a numba CPU encoder (see _use_numba)
+    _side_fields: tuple[str, ...] = ()  # the QuantizedVectors fields it stores beside codes and norms
 
     def _configure(self, dim: int, seed: int, device: torch.device | str | None, chunk_size: int) -> None:
         self.dim = check_int(dim, "dim", low=2)
@@ -277,6 +280,19 @@ class _VectorQuantizer:
         CPU inputs of at least ``_NUMBA_MIN_COORDINATES`` coordinates (small ones are faster in torch)."""
         return self._numba and x.device.type == "cpu" and (
             self.backend == "numba" or x.numel() >= _NUMBA_MIN_COORDINATES)
+
+    def stored(self, codes: torch.Tensor, norms: torch.Tensor, qjl_signs: torch.Tensor | None = None,
+               residual_norms: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> QuantizedVectors:
+        """The :class:`QuantizedVectors` of fields that this quantizer's :meth:`quantize` made and a code store
+        kept apart (the KV cache's per-channel-group fields, norms in float16), to decode or score as
+        returned."""
+        given = {name for name, t in (("qjl_signs", qjl_signs), ("residual_norms", residual_norms)) if t is not None}
+        if given != set(self._side_fields):
+            raise ValueError(f"{self.signature} stores codes, norms and {list(self._side_fields) or 'nothing more'}"
+                             f", got {sorted(given) or 'codes and norms alone'}")
+        return QuantizedVectors(codes=codes, norms=norms, qjl_signs=qjl_signs, residual_norms=residual_norms,
+                                dim=self.dim, bits=self.bits, mse_bits=self.mse_bits, signature=self.signature,
+                                dtype=dtype)
 
     def _validated(self, x: torch.Tensor, name: str = "x", finite: bool = True) -> torch.Tensor:
         """``x`` checked for type, dtype and last dimension, and (``finite``) for NaN / Inf entries."""
@@ -496,6 +512,8 @@ class QJL(_VectorQuantizer):
     most π/(2d) · ‖y‖² (Lemma 4). The norm ‖x‖ is stored so any x is handled.
     """
 
+    _side_fields = ("qjl_signs",)
+
     def __init__(self, dim: int, seed: int = 0, device: torch.device | str | None = None,
                  chunk_size: int = _DEFAULT_CHUNK):
         self._configure(dim, seed, device, chunk_size)
@@ -551,6 +569,8 @@ class TurboQuantProd(_VectorQuantizer):
     Unbiased: E⟨y, x̃⟩ = ⟨y, x⟩, with D_prod ≤ √3·π²·‖y‖²/d · 4^(−b) (Theorem 2). At b = 1 the MSE stage
     has no bits, x̃_mse = 0 and this is QJL alone. Π and S are drawn from independent seeds.
     """
+
+    _side_fields = ("qjl_signs", "residual_norms")
 
     def __init__(self, dim: int, bits: int, rotation: str = "haar", seed: int = 0,
                  device: torch.device | str | None = None, density: str = "exact",

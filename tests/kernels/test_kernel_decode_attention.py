@@ -8,7 +8,6 @@ import turboquant as tq
 from turboquant.kernels.decode_attention import (
     CacheFormat,
     ChannelGroup,
-    GroupFields,
     decode_attention_groups_reference,
     decode_attention_groups_triton,
     decode_attention_reference,
@@ -82,8 +81,8 @@ def test_log_sum_exp_matches_reference(device, generator):
     tensors, common = make_case(2, 8, 2, 70, 64, 4, 3, generator, device, q_dtype=torch.float32)
     seq_lens = torch.tensor([70, 0], dtype=torch.int32, device=device)
     out, lse = decode_attention_triton(*tensors, seq_lens, num_splits=3, block_n=16, return_lse=True, **common)
-    keys = dequantize_group_reference(GroupFields(tensors[1], tensors[2]),
-                                      ChannelGroup(64, 4, common["rotation"], common["k_centroids"]))
+    group = ChannelGroup(64, 4, common["rotation"], common["k_centroids"])
+    keys = dequantize_group_reference(group.packed(tensors[1], tensors[2]), group)
     logits = torch.einsum("hd,htd->ht", tensors[0][0].double(), keys[0].repeat_interleave(4, dim=0)) / 8.0
     assert torch.allclose(lse[0].double(), torch.logsumexp(logits, dim=-1), atol=2e-3, rtol=0)
     assert torch.isneginf(lse[1]).all() and torch.equal(out[1], torch.zeros_like(out[1]))
@@ -91,7 +90,7 @@ def test_log_sum_exp_matches_reference(device, generator):
 
 # ------------------------------------------------------------------------------- channel groups (split, prod)
 def random_stream(batch, kv_heads, tokens, groups, generator, device, seed):
-    """Random packed fields and the ChannelGroup of each ``(dim, bits, qjl)``: uniform codes and sign bits,
+    """Random packed codes and the ChannelGroup of each ``(dim, bits, qjl)``: uniform codes and sign bits,
     norms in (0.1, 10.1), residual norms in (0, 1); Haar rotations, Lloyd-Max codebooks, Gaussian sketches."""
     fields, formats = [], []
     for part, (dim, bits, qjl) in enumerate(groups):
@@ -101,12 +100,13 @@ def random_stream(batch, kv_heads, tokens, groups, generator, device, seed):
         norms = (torch.rand(*lead, generator=generator) * 10 + 0.1).to(torch.float16)
         signs = tq.pack_codes(torch.randint(0, 2, (*lead, dim), generator=generator), 1) if qjl else None
         residual = torch.rand(*lead, generator=generator).to(torch.float16) if qjl else None
-        fields.append(GroupFields(*(None if t is None else t.to(device) for t in (codes, norms, signs, residual))))
         formats.append(ChannelGroup(
             dim, bits, tq.make_rotation("haar", dim, seed=seed + part).matrix().to(device) if bits else None,
             tq.lloyd_max_codebook(dim, bits).centroids_tensor(device) if bits else None,
             torch.randn(dim, dim, generator=generator).to(device) if qjl else None,
             math.sqrt(math.pi / 2) / dim if qjl else None))
+        fields.append(formats[-1].packed(*(None if t is None else t.to(device)
+                                           for t in (codes, norms, signs, residual))))
     return fields, formats
 
 
@@ -159,7 +159,7 @@ def test_reference_dequantizes_as_the_library(device, generator):
     group = ChannelGroup(24, 2, quantizer.rotation.matrix(), quantizer.codebook.centroids_tensor(),
                          quantizer.qjl.matrix, quantizer.qjl.scale)
     assert group.qjl_scale == math.sqrt(math.pi / 2) / 24
-    got = dequantize_group_reference(GroupFields(qv.codes, qv.norms, qv.qjl_signs, qv.residual_norms), group)
+    got = dequantize_group_reference(qv, group)
     assert torch.allclose(got.float(), quantizer.dequantize(qv), atol=1e-5, rtol=1e-5)
 
 

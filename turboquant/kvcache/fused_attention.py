@@ -59,11 +59,11 @@ import torch
 
 import turboquant as tq
 from turboquant.kernels import triton_available
-from turboquant.kvcache.stream import Encoder, Fields
+from turboquant.kvcache.stream import Fields
 
 if TYPE_CHECKING:  # the kernel module imports Triton: at run time only where a kernel runs
-    from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup, GroupFields
-    from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig
+    from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup
+    from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig, TurboQuantEncoder
 
 __all__ = ["KERNEL_BITS", "DecodeStep", "cache_format", "decode_step_attention", "fused_decode_unsupported",
            "hides_tokens"]
@@ -107,8 +107,8 @@ class DecodeStep:
     sink_tokens: int = 0           # s: the first s exact tokens are the sequence's first (``sink_tokens``)
 
 
-def decode_step_attention(query: torch.Tensor, step: DecodeStep, key_encoder: Encoder, value_encoder: Encoder,
-                          format_: CacheFormat | None, scale: float) -> torch.Tensor:
+def decode_step_attention(query: torch.Tensor, step: DecodeStep, key_encoder: TurboQuantEncoder,
+                          value_encoder: TurboQuantEncoder, format_: CacheFormat | None, scale: float) -> torch.Tensor:
     """Attention output (B, query_heads, d) float32 of the one-token ``query`` (B, query_heads, 1, d): the
     kernel over the packed store and torch over the exact tokens, merged by their log-sum-exp (module doc)."""
     q = query[:, :, 0].float()
@@ -121,16 +121,16 @@ def decode_step_attention(query: torch.Tensor, step: DecodeStep, key_encoder: En
     return (w_p[..., None] * out_p + w_e[..., None] * out_e) / (w_p + w_e)[..., None]
 
 
-def packed_attention(q: torch.Tensor, step: DecodeStep, key_encoder: Encoder, value_encoder: Encoder,
-                     format_: CacheFormat, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_attention(q: torch.Tensor, step: DecodeStep, key_encoder: TurboQuantEncoder,
+                     value_encoder: TurboQuantEncoder, format_: CacheFormat, scale: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Output (B, H, d) and log-sum-exp (B, H) of ``q`` (B, H, d) over the packed store, in the kernel."""
     from turboquant.kernels import decode_attention_groups_triton
 
     seq_lens = torch.full((q.shape[0],), step.quantized, dtype=torch.int32, device=q.device)
     out, lse = decode_attention_groups_triton(
-        q, _group_fields(step.key_fields, len(key_encoder.quantizers)),
-        _group_fields(step.value_fields, len(value_encoder.quantizers)), seq_lens, format_,
-        key_permutation=key_encoder.permutation, value_permutation=value_encoder.permutation, scale=scale,
+        q, key_encoder.group_vectors(step.key_fields), value_encoder.group_vectors(step.value_fields), seq_lens,
+        format_, key_permutation=key_encoder.permutation, value_permutation=value_encoder.permutation, scale=scale,
         return_lse=True,
     )
     if key_encoder.key_mean is not None:  # <q, k~ + mu> = <q, k~> + <q, mu>: shifts lse only
@@ -140,7 +140,8 @@ def packed_attention(q: torch.Tensor, step: DecodeStep, key_encoder: Encoder, va
     return out, lse
 
 
-def cache_format(key_encoder: Encoder, value_encoder: Encoder, device: torch.device) -> CacheFormat:
+def cache_format(key_encoder: TurboQuantEncoder, value_encoder: TurboQuantEncoder,
+                 device: torch.device) -> CacheFormat:
     """The kernel's constants for a layer's quantizers (rotations, codebooks, QJL matrices and the query map
     derived from them)."""
     from turboquant.kernels.decode_attention import CacheFormat
@@ -168,14 +169,6 @@ def _channel_group(quantizer: tq.TurboQuantMSE | tq.TurboQuantProd) -> ChannelGr
         sketch=None if qjl is None else qjl.query_transform(eye).T,
         qjl_scale=None if qjl is None else qjl.scale,
     )
-
-
-def _group_fields(fields: Fields, groups: int) -> list[GroupFields]:
-    """The stored fields of each channel group (``codes{g}``, ``norms{g}``, ``signs{g}``, ``residual_norms{g}``)."""
-    from turboquant.kernels.decode_attention import GroupFields
-
-    return [GroupFields(fields[f"codes{g}"], fields[f"norms{g}"], fields.get(f"signs{g}"),
-                        fields.get(f"residual_norms{g}")) for g in range(groups)]
 
 
 def _torch_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

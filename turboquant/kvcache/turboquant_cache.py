@@ -281,7 +281,6 @@ class TurboQuantEncoder(Encoder):
         self.outlier_channels = groups[0][0] if len(groups) == 2 else 0
         self.outlier_index: torch.Tensor | None = None  # stored: (B, H, k) uint8/int16
         self.permutation: torch.Tensor | None = None  # derived: (B, H, d) outliers first, then the rest
-        self.templates: list[tq.QuantizedVectors | None] = [None] * len(groups)
 
     def prepare(self, prefill: torch.Tensor) -> None:
         """Per batch row and KV head: the mean ``mu`` of the prefill tokens (when centering), then the outlier
@@ -317,11 +316,11 @@ class TurboQuantEncoder(Encoder):
         return torch.empty_like(permuted).scatter_(-1, index, permuted)
 
     def encode(self, x: torch.Tensor) -> Fields:
+        """The packed fields of channel group ``g``: ``codes{g}``, ``norms{g}`` (fp16) and, with a QJL stage,
+        ``qjl_signs{g}`` and ``residual_norms{g}`` (fp16), the :class:`~turboquant.QuantizedVectors` fields."""
         fields: Fields = {}
         for part, (quantizer, piece) in enumerate(zip(self.quantizers, self._split(self._centered(x)))):
             qv = quantizer.quantize(piece.contiguous())
-            if self.templates[part] is None:
-                self.templates[part] = qv
             fields[f"codes{part}"] = qv.codes
             norms = qv.norms
             if self.norm_correction:  # ||x|| / ||c(idx)||: ||dequantize|| = ||x|| * ||c(idx)|| (Pi is orthogonal)
@@ -329,23 +328,20 @@ class TurboQuantEncoder(Encoder):
                 norms = torch.where(reconstructed > 0, norms * norms / reconstructed.clamp_min(1e-30), norms)
             fields[f"norms{part}"] = norms.to(torch.float16)
             if qv.qjl_signs is not None:
-                fields[f"signs{part}"] = qv.qjl_signs
+                fields[f"qjl_signs{part}"] = qv.qjl_signs
                 fields[f"residual_norms{part}"] = qv.residual_norms.to(torch.float16)
         return fields
 
-    def quantized_vectors(self, fields: Fields, part: int) -> tq.QuantizedVectors:
-        """The library's QuantizedVectors of group ``part`` rebuilt from the stored fields (fp16 norms widened)."""
-        changes = {"codes": fields[f"codes{part}"], "norms": fields[f"norms{part}"].float()}
-        if f"signs{part}" in fields:
-            changes["qjl_signs"] = fields[f"signs{part}"]
-            changes["residual_norms"] = fields[f"residual_norms{part}"].float()
-        return dataclasses.replace(self.templates[part], **changes)
+    def group_vectors(self, fields: Fields) -> list[tq.QuantizedVectors]:
+        """The stored fields as one :class:`~turboquant.QuantizedVectors` per channel group (fp16 norms kept):
+        what the quantizers decode and the decode kernel reads."""
+        return [quantizer.stored(fields[f"codes{part}"], fields[f"norms{part}"], fields.get(f"qjl_signs{part}"),
+                                 fields.get(f"residual_norms{part}"))
+                for part, quantizer in enumerate(self.quantizers)]
 
     def decode(self, fields: Fields) -> torch.Tensor:
-        pieces = [
-            quantizer.dequantize(self.quantized_vectors(fields, part)).float()
-            for part, quantizer in enumerate(self.quantizers)
-        ]
+        pieces = [quantizer.dequantize(qv).float()
+                  for quantizer, qv in zip(self.quantizers, self.group_vectors(fields))]
         merged = self._merge(pieces)
         return merged if self.key_mean is None else merged + self.key_mean.float().unsqueeze(2)
 

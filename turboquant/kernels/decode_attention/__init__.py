@@ -25,20 +25,24 @@ in the kernel's stream order). Keys are never decoded to vectors. Values, with `
 i.e. each value group is accumulated in its own rotated domain, rotated back once on the (head_dim,) output
 (one block-diagonal matrix) and un-permuted to the model's channel order.
 
+A stream's codes are one :class:`turboquant.QuantizedVectors` per channel group (outliers first), leading shape
+(batch, kv_heads, tokens), the token axis possibly strided; a quantizer's ``stored`` or
+:meth:`ChannelGroup.packed` makes them.
+
 Sequence lengths may differ within the batch (``seq_lens``); tokens at or past a row's length are
 never read. No causal mask is needed: the new token attends to every cached token.
 
 The package, one module per job:
 
 =================  ==========================================================================================
-``format``         :class:`GroupFields`, :class:`ChannelGroup`, :class:`CacheFormat` (the stage query map, tables
-                   and compile-time geometry, derived once) and the input checks
+``format``         :class:`ChannelGroup`, :class:`CacheFormat` (the stage query map, tables and compile-time
+                   geometry, derived once) and the input checks
 ``kernel``         the Triton kernels: split (tiles, stages, online softmax) and combine (merge, ``Pi_V^T``)
 ``launch``         :func:`decode_attention_groups_triton`, :func:`decode_attention_triton` and their defaults
 ``reference``      the float64 reference over the dequantized cache
 =================  ==========================================================================================
 """
-from .format import MAX_CHANNEL_GROUPS, CacheFormat, ChannelGroup, GroupFields
+from .format import MAX_CHANNEL_GROUPS, CacheFormat, ChannelGroup
 from .launch import (
     decode_attention_groups_triton,
     decode_attention_triton,
@@ -53,7 +57,7 @@ from .reference import (
 )
 
 __all__ = [
-    "MAX_CHANNEL_GROUPS", "CacheFormat", "ChannelGroup", "GroupFields", "decode_attention_groups_reference",
+    "MAX_CHANNEL_GROUPS", "CacheFormat", "ChannelGroup", "decode_attention_groups_reference",
     "decode_attention_groups_triton", "decode_attention_reference", "decode_attention_triton", "default_block_n",
     "default_num_splits", "dequantize_group_reference", "dequantize_stream_reference",
 ]

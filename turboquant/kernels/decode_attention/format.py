@@ -1,6 +1,7 @@
-"""Host-side description of a TurboQuant-packed K/V cache for the decode kernel: the fields of each channel
-group (:class:`GroupFields`), how each group was quantized (:class:`ChannelGroup`), the constants the kernel
-derives from them once (:class:`CacheFormat`), and the input checks shared by the kernel and its reference.
+"""Host-side description of a TurboQuant-packed K/V cache for the decode kernel: how each channel group was
+quantized (:class:`ChannelGroup`; its stored codes are the library's :class:`~turboquant.QuantizedVectors`, token
+axis at dim 2), the constants the kernel derives from them once (:class:`CacheFormat`), and the input checks shared
+by the kernel and its reference.
 The math is in the package docstring (:mod:`turboquant.kernels.decode_attention`)."""
 from __future__ import annotations
 
@@ -13,20 +14,10 @@ import torch
 
 from ...codebook import symmetric_codebook
 from ...packing import packed_size
+from ...quantizers import QuantizedVectors
 from .._layout import SUPPORTED_BITS, group_geometry, num_groups, pow2_at_least
 
 MAX_CHANNEL_GROUPS = 2
-
-
-class GroupFields(NamedTuple):
-    """The packed fields of one channel group of a cached stream, token axis at dim 2 (the library's layout)."""
-
-    codes: torch.Tensor                         # uint8 (B, H, T, ceil(m * bits / 8)); (B, H, T, 0) for QJL alone
-    norms: torch.Tensor                         # (B, H, T) float16/float32: n = ||x_g||
-    signs: torch.Tensor | None = None           # uint8 (B, H, T, ceil(m / 8)): QJL sign bits (TurboQuant_prod)
-    residual_norms: torch.Tensor | None = None  # (B, H, T): rho = ||r|| of the unit vector's residual
-
-
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,6 +51,18 @@ class ChannelGroup:
             raise ValueError(f"sketch must be {square}, got {tuple(self.sketch.shape)}")
         if (self.sketch is None) != (self.qjl_scale is None):
             raise ValueError("a QJL sketch goes with its qjl_scale (and a qjl_scale with a sketch)")
+
+    def packed(self, codes: torch.Tensor, norms: torch.Tensor, qjl_signs: torch.Tensor | None = None,
+               residual_norms: torch.Tensor | None = None) -> QuantizedVectors:
+        """Packed tensors of this group (``codes`` uint8 (..., ceil(dim * bits / 8)), ``norms`` float16/float32,
+        with a sketch ``qjl_signs`` uint8 (..., ceil(dim / 8)) and ``residual_norms``) as the
+        :class:`~turboquant.QuantizedVectors` the kernel reads, for codes that no quantizer object made (the
+        benchmarks' random codes, a foreign store); a quantizer's own codes come from its ``stored``."""
+        qjl = self.sketch is not None
+        return QuantizedVectors(codes=codes, norms=norms, qjl_signs=qjl_signs, residual_norms=residual_norms,
+                                dim=self.dim, bits=self.bits + qjl, mse_bits=self.bits,
+                                signature=f"decode-kernel channel group (dim={self.dim}, bits={self.bits}, qjl={qjl})",
+                                dtype=torch.float32)
 
 
 def _stream_columns(matrix: torch.Tensor, codes_per_group: int, groups_padded: int) -> torch.Tensor:
@@ -197,11 +200,16 @@ _ABSENT_KEY_GROUP = KeyGeometry(bits=0, bpg=1, cpg=1, groups=1, qjl=False, sign_
 _ABSENT_VALUE_GROUP = ValueGeometry(bits=1, bpg=1, cpg=8, groups=16, dim=0, off=0)
 
 
-def _check_stream(name: str, fields: Sequence[GroupFields], groups: Sequence[ChannelGroup], batch: int) -> None:
+def _check_stream(name: str, fields: Sequence[QuantizedVectors], groups: Sequence[ChannelGroup], batch: int) -> None:
     if len(fields) != len(groups):
-        raise ValueError(f"{name}: {len(fields)} channel groups of fields for a format of {len(groups)}")
+        raise ValueError(f"{name}: {len(fields)} channel groups of codes for a format of {len(groups)}")
     for part, (field, group) in enumerate(zip(fields, groups)):
         label = f"{name} group {part}"
+        if not isinstance(field, QuantizedVectors):
+            raise ValueError(f"{label}: expected QuantizedVectors, got {type(field).__name__}")
+        if (field.dim, field.mse_bits) != (group.dim, group.bits):
+            raise ValueError(f"{label}: codes of dim {field.dim} with {field.mse_bits}-bit MSE codes for a group of "
+                             f"dim {group.dim} with {group.bits}")
         if field.codes.ndim != 4 or field.codes.dtype != torch.uint8:
             raise ValueError(f"{label}: codes must be uint8 (batch, kv_heads, tokens, row_bytes), got "
                              f"{field.codes.dtype} {tuple(field.codes.shape)}")
@@ -212,19 +220,21 @@ def _check_stream(name: str, fields: Sequence[GroupFields], groups: Sequence[Cha
         lead = tuple(field.codes.shape[:3])
         if tuple(field.norms.shape) != lead:
             raise ValueError(f"{label}: norms must be {lead}, got {tuple(field.norms.shape)}")
-        if (field.signs is None) != (group.sketch is None) or (field.residual_norms is None) != (group.sketch is None):
+        if (field.qjl_signs is None) != (group.sketch is None) or \
+                (field.residual_norms is None) != (group.sketch is None):
             raise ValueError(f"{label}: QJL signs and residual norms are given exactly when the group has a sketch")
-        if field.signs is not None:
-            if field.signs.dtype != torch.uint8 or tuple(field.signs.shape) != (*lead, packed_size(group.dim, 1)):
-                raise ValueError(f"{label}: signs must be uint8 {(*lead, packed_size(group.dim, 1))}, got "
-                                 f"{field.signs.dtype} {tuple(field.signs.shape)}")
+        if field.qjl_signs is not None:
+            signs_shape = (*lead, packed_size(group.dim, 1))
+            if field.qjl_signs.dtype != torch.uint8 or tuple(field.qjl_signs.shape) != signs_shape:
+                raise ValueError(f"{label}: qjl_signs must be uint8 {signs_shape}, got "
+                                 f"{field.qjl_signs.dtype} {tuple(field.qjl_signs.shape)}")
             if tuple(field.residual_norms.shape) != lead:
                 raise ValueError(f"{label}: residual_norms must be {lead}, got {tuple(field.residual_norms.shape)}")
         if lead[0] != batch:
             raise ValueError(f"{label}: batch {lead[0]} != q batch {batch}")
 
 
-def check_inputs(q: torch.Tensor, keys: Sequence[GroupFields], values: Sequence[GroupFields],
+def check_inputs(q: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors],
                  seq_lens: torch.Tensor, cache_format: CacheFormat, key_permutation: torch.Tensor | None,
                  value_permutation: torch.Tensor | None) -> None:
     """ValueError naming the first argument of a decode call that does not fit ``cache_format`` or the others."""
@@ -253,12 +263,13 @@ def check_inputs(q: torch.Tensor, keys: Sequence[GroupFields], values: Sequence[
 def one_group_cache(q: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Tensor, v_codes: torch.Tensor,
                     v_norms: torch.Tensor, k_centroids: torch.Tensor, v_centroids: torch.Tensor, k_bits: int,
                     v_bits: int, rotation: torch.Tensor, v_rotation: torch.Tensor | None,
-                    ) -> tuple[list[GroupFields], list[GroupFields], CacheFormat]:
-    """The fields and format of a cache with one TurboQuant_mse channel group per stream."""
+                    ) -> tuple[list[QuantizedVectors], list[QuantizedVectors], CacheFormat]:
+    """The codes and format of a cache with one TurboQuant_mse channel group per stream."""
     if q.ndim != 3:
         raise ValueError(f"q must be (batch, query_heads, head_dim), got {tuple(q.shape)}")
     dim = q.shape[-1]
     v_rotation = rotation if v_rotation is None else v_rotation
     cache_format = CacheFormat.build([ChannelGroup(dim, k_bits, rotation, k_centroids)],
                                      [ChannelGroup(dim, v_bits, v_rotation, v_centroids)], q.device)
-    return [GroupFields(k_codes, k_norms)], [GroupFields(v_codes, v_norms)], cache_format
+    (key_group,), (value_group,) = cache_format.key_groups, cache_format.value_groups
+    return [key_group.packed(k_codes, k_norms)], [value_group.packed(v_codes, v_norms)], cache_format

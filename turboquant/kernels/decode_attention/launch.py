@@ -11,7 +11,8 @@ import triton
 
 from .._decode import resolve_decoder
 from .._layout import check_device, pow2_at_least
-from .format import MAX_CHANNEL_GROUPS, CacheFormat, GroupFields, check_inputs, one_group_cache
+from ...quantizers import QuantizedVectors
+from .format import MAX_CHANNEL_GROUPS, CacheFormat, check_inputs, one_group_cache
 from .kernel import combine_kernel, decode_split_kernel
 
 
@@ -35,13 +36,14 @@ def _row_contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
     return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
 
-def _key_group_args(field: GroupFields | None, table: torch.Tensor | None, stand_in: GroupFields) -> tuple:
-    """Kernel argument ``k{g}`` of one key group: ``(codes, norms, signs, residual_norms, table, code_bytes,
+def _key_group_args(field: QuantizedVectors | None, table: torch.Tensor | None,
+                    stand_in: QuantizedVectors) -> tuple:
+    """Kernel argument ``k{g}`` of one key group: ``(codes, norms, qjl_signs, residual_norms, table, code_bytes,
     sign_bytes)``, each tensor field as ``(tensor, stride_b, stride_h[, stride_t])``; an absent group or stage
     passes ``stand_in`` (never read)."""
-    field = field or stand_in
+    field = stand_in if field is None else field
     codes, norms = _row_contiguous(field.codes), _row_contiguous(field.norms)
-    signs = _row_contiguous(field.signs) if field.signs is not None else codes
+    signs = _row_contiguous(field.qjl_signs) if field.qjl_signs is not None else codes
     rnorms = _row_contiguous(field.residual_norms) if field.residual_norms is not None else norms
     if codes.shape[-1] == 0:  # QJL alone: no MSE codes (an empty tensor may have no storage to point at)
         codes = signs
@@ -50,10 +52,11 @@ def _key_group_args(field: GroupFields | None, table: torch.Tensor | None, stand
             signs.shape[-1])
 
 
-def _value_group_args(field: GroupFields | None, table: torch.Tensor | None, stand_in: GroupFields) -> tuple:
+def _value_group_args(field: QuantizedVectors | None, table: torch.Tensor | None,
+                      stand_in: QuantizedVectors) -> tuple:
     """Kernel argument ``v{g}`` of one value group: ``(codes, norms, table, code_bytes)``, tensor fields as in
     :func:`_key_group_args` (``stand_in`` for an absent group, never read)."""
-    field = field or stand_in
+    field = stand_in if field is None else field
     codes, norms = _row_contiguous(field.codes), _row_contiguous(field.norms)
     return ((codes, *codes.stride()[:3]), (norms, *norms.stride()[:2]), stand_in.norms if table is None else table,
             codes.shape[-1])
@@ -61,8 +64,8 @@ def _value_group_args(field: GroupFields | None, table: torch.Tensor | None, sta
 
 def decode_attention_groups_triton(
     q: torch.Tensor,
-    keys: Sequence[GroupFields],
-    values: Sequence[GroupFields],
+    keys: Sequence[QuantizedVectors],
+    values: Sequence[QuantizedVectors],
     seq_lens: torch.Tensor,
     cache_format: CacheFormat,
     *,
@@ -83,9 +86,9 @@ def decode_attention_groups_triton(
     Args:
         q: (batch, query_heads, head_dim) queries in the model's channel order (any float dtype; the output
             has it too).
-        keys, values: the packed fields of each channel group (outliers first), as ``cache_format`` describes
-            them; tensors (batch, kv_heads, tokens, ...) whose token axis may be strided (a slice of a larger
-            cache).
+        keys, values: the codes of each channel group (outliers first), as ``cache_format`` describes them:
+            :class:`~turboquant.QuantizedVectors` of leading shape (batch, kv_heads, tokens), norms float16 or
+            float32, whose token axis may be strided (a slice of a larger cache).
         seq_lens: (batch,) number of valid cached tokens per row (<= tokens).
         cache_format: the groups' rotations, codebooks and QJL matrices (:meth:`CacheFormat.build`, once).
         key_permutation, value_permutation: (batch, kv_heads, head_dim) channel order of each stream

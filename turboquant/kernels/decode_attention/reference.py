@@ -6,10 +6,11 @@ from collections.abc import Sequence
 
 import torch
 
-from .format import CacheFormat, ChannelGroup, GroupFields, check_inputs, one_group_cache
+from ...quantizers import QuantizedVectors
+from .format import CacheFormat, ChannelGroup, check_inputs, one_group_cache
 
 
-def dequantize_group_reference(field: GroupFields, group: ChannelGroup) -> torch.Tensor:
+def dequantize_group_reference(field: QuantizedVectors, group: ChannelGroup) -> torch.Tensor:
     """Float64 ``n (Pi^T c[idx] + gamma rho S^T z)`` (the QJL term for a group with a sketch): (..., dim)."""
     from turboquant.packing import unpack_codes
 
@@ -18,13 +19,13 @@ def dequantize_group_reference(field: GroupFields, group: ChannelGroup) -> torch
         rotated = group.centroids.to(torch.float64)[unpack_codes(field.codes, group.bits, group.dim).long()]
         unit = unit + rotated @ group.rotation.to(torch.float64)
     if group.sketch is not None:
-        signs = unpack_codes(field.signs, 1, group.dim).to(torch.float64) * 2 - 1
+        signs = unpack_codes(field.qjl_signs, 1, group.dim).to(torch.float64) * 2 - 1
         unit = unit + group.qjl_scale * field.residual_norms.to(torch.float64)[..., None] * (
             signs @ group.sketch.to(torch.float64))
     return field.norms.to(torch.float64)[..., None] * unit
 
 
-def dequantize_stream_reference(fields: Sequence[GroupFields], groups: Sequence[ChannelGroup],
+def dequantize_stream_reference(fields: Sequence[QuantizedVectors], groups: Sequence[ChannelGroup],
                                 permutation: torch.Tensor | None = None) -> torch.Tensor:
     """Float64 vectors (batch, kv_heads, tokens, head_dim) in the model's channel order: the groups concatenated
     (``x_P``), then ``x[perm[j]] = x_P[j]``."""
@@ -36,7 +37,7 @@ def dequantize_stream_reference(fields: Sequence[GroupFields], groups: Sequence[
 
 
 def decode_attention_groups_reference(
-    q: torch.Tensor, keys: Sequence[GroupFields], values: Sequence[GroupFields], seq_lens: torch.Tensor,
+    q: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors], seq_lens: torch.Tensor,
     cache_format: CacheFormat, *, key_permutation: torch.Tensor | None = None,
     value_permutation: torch.Tensor | None = None, scale: float | None = None, return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
