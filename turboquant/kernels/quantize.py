@@ -28,6 +28,8 @@ Measured speed and its limits: ``benchmarks/NOTES.md``.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import triton
@@ -133,13 +135,21 @@ def nearest_operands(boundaries: torch.Tensor | np.ndarray, nearest: str, device
                      ) -> tuple[torch.Tensor, float, float]:
     """``(table, lut_scale, lut_offset)`` kernel arguments of the nearest-centroid step ``nearest``: the cell table
     (:func:`nearest_centroid_table`) for ``"table"`` / ``"none"``, the positive midpoints (float32; scale and
-    offset unused) for ``"tree"``, which needs symmetric midpoints."""
+    offset unused) for ``"tree"``, which needs symmetric midpoints. Built once per (midpoints, step, device) and
+    kept: a host-to-device copy per launch would synchronise the stream at every call (a decode step quantizes
+    each new token), and the kernels only read the table."""
     if nearest not in ("table", "tree", "none"):
         raise ValueError(f"nearest must be 'table' or 'tree', got {nearest!r}")
-    if nearest != "tree":
-        table, lut_scale, lut_offset = nearest_centroid_table(boundaries)
-        return table.to(device), lut_scale, lut_offset
     bnd = _as_numpy(boundaries)
+    return _device_operands(bnd.tobytes(), nearest, str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=256)
+def _device_operands(midpoints: bytes, nearest: str, device: str) -> tuple[torch.Tensor, float, float]:
+    bnd = np.frombuffer(midpoints, dtype=np.float64)
+    if nearest != "tree":
+        table, lut_scale, lut_offset = nearest_centroid_table(bnd)
+        return table.to(device), lut_scale, lut_offset
     if not np.allclose(bnd, -bnd[::-1], rtol=0, atol=1e-7) or np.any(np.diff(bnd) <= 0):
         raise ValueError("nearest='tree' needs sorted symmetric midpoints (a Lloyd-Max codebook); use 'table'")
     positive = bnd[bnd.size // 2 + 1:] if bnd.size > 1 else np.zeros(1)
