@@ -128,7 +128,7 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
         check_args = (q[:rb], _head_slice(keys, rb, n_check), _head_slice(values, rb, n_check), check_lens,
                       cache_format)
         ref = decode_attention_groups_reference(*check_args, **check_perms)
-        moved = sum(t.numel() * t.element_size() for f in (*keys, *values) for t in f if t is not None)
+        moved = sum(f.nbytes for f in (*keys, *values))
         moved += 2 * q.numel() * 2
         # timed as the cache layer calls it: the format (codebooks, query map) built once, not per call
         timed = partial(decode_attention_groups_triton, q, keys, values, seq_lens, cache_format, **perms)

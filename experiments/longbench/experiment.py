@@ -227,8 +227,8 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         }
         return [row]
 
+    store.record_units(all_units, versioned=VERSIONED_KEYS)  # first: a process killed mid-run still counts its cells
     frame = with_current_labels(store.run_units(all_units, compute, progress="longbench samples"), methods)
-    store.record_units(all_units, versioned=VERSIONED_KEYS)
     if not frame.empty:
         write_tables(frame, cfg, store.directory)
     return frame

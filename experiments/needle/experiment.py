@@ -218,12 +218,13 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
             **result,
         }] for prompt, result in zip(prompts, results)]
 
+    # the cells of this run's grid and methods, merged with other invocations': paper_comparison counts these.
+    # Recorded first, so that a process killed mid-run (a device call's time limit) still counts its cells.
+    store.record_units(units, versioned=VERSIONED_KEYS)
     store.run_units(units, compute, prepare=prepare, batches=batches,
                     progress=f"needle batches (<= {batch_size} cells)")
     if _rescore(store, units, task.keywords):
         tqdm.write("needle: re-scored stored answers with the current scorer")
-    # the cells of this run's grid and methods, merged with other invocations': paper_comparison counts these
-    store.record_units(units, versioned=VERSIONED_KEYS)
     frame = stored_frame(cfg, store)
     if not frame.empty:
         write_tables(frame, cfg, store.directory)

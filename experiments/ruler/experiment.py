@@ -241,8 +241,8 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
             return None
         return [[row] for row in rows]
 
+    store.record_units(units, versioned=VERSIONED_KEYS)  # first: a process killed mid-run still counts its cells
     store.run_units(units, compute, prepare=prepare, batches=batches, progress="ruler batches")
-    store.record_units(units, versioned=VERSIONED_KEYS)
     frame = with_current_labels(store.frame(units), methods)
     if not frame.empty:
         write_tables(frame, cfg, store.directory)
