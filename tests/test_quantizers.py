@@ -241,3 +241,22 @@ def test_tiny_and_huge_vectors_keep_their_direction(make, scale):
             assert torch.equal(getattr(scaled, field), getattr(plain, field))
     torch.testing.assert_close(scaled.norms.double() / scale, plain.norms.double(), rtol=1e-6, atol=0)
     assert torch.isfinite(q.dequantize(scaled)).all()
+
+
+def test_stored_fields_rebuild_what_quantize_made():
+    """``stored`` wraps fields a code store kept apart (fp16 norms, as the KV cache keeps them): they decode as
+    the quantizer's own codes do, and a field the quantizer does not store, or one it needs, is named."""
+    x = torch.randn(5, 3, 32, generator=torch.Generator().manual_seed(0))
+    for quantizer in (tq.TurboQuantMSE(32, 3, seed=1), tq.TurboQuantProd(32, 3, seed=1), tq.QJL(32, seed=1)):
+        qv = quantizer.quantize(x)
+        kept = quantizer.stored(qv.codes, qv.norms.half(), qv.qjl_signs,
+                                None if qv.residual_norms is None else qv.residual_norms.half())
+        assert kept.signature == qv.signature and kept.norms.dtype == torch.float16
+        widened = quantizer.stored(qv.codes, qv.norms.half().float(), qv.qjl_signs,
+                                   None if qv.residual_norms is None else qv.residual_norms.half().float())
+        assert torch.equal(quantizer.dequantize(kept), quantizer.dequantize(widened))
+    mse, prod = tq.TurboQuantMSE(32, 3), tq.TurboQuantProd(32, 3)
+    with pytest.raises(ValueError, match="stores codes, norms and nothing more, got \\['qjl_signs'\\]"):
+        mse.stored(qv.codes, qv.norms, qjl_signs=qv.qjl_signs)
+    with pytest.raises(ValueError, match="stores codes, norms and \\['qjl_signs', 'residual_norms'\\]"):
+        prod.stored(qv.codes, qv.norms)

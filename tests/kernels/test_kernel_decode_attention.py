@@ -182,6 +182,14 @@ def test_channel_group_formats_are_checked(device, generator):
     with pytest.raises(ValueError, match="QJL signs"):  # the format has no sketch, the fields have signs
         decode_attention_groups_triton(torch.randn(1, 2, 16, device=device), keys, keys,
                                        torch.tensor([8], device=device), CacheFormat.build([group], [group], device))
+    three_bit, _ = random_stream(1, 2, 8, [(16, 3, False)], generator, device, seed=0)
+    q, lens, two_bit = torch.randn(1, 2, 16, device=device), torch.tensor([8], device=device), \
+        CacheFormat.build([group], [group], device)
+    with pytest.raises(ValueError, match="3-bit MSE codes for a group of dim 16 with 2"):
+        decode_attention_groups_triton(q, three_bit, three_bit, lens, two_bit)
+    plain = [(k.codes, k.norms) for k in three_bit]
+    with pytest.raises(ValueError, match="expected QuantizedVectors, got tuple"):
+        decode_attention_groups_triton(q, plain, plain, lens, two_bit)
 
 
 # ------------------------------------------------------------------ inner-loop variants (decoder, inner)
