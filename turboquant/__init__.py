@@ -13,7 +13,8 @@ A reproduction of Zandieh, Daliri, Hadian, Mirrokni (ICLR 2026, arXiv 2504.19874
 from . import bounds
 from .codebook import Codebook, lloyd_max_codebook
 from .packing import pack_codes, packed_size, unpack_codes
-from .quantizers import QJL, QuantizedVectors, ScoreStage, TurboQuantMSE, TurboQuantProd
+from .codes import QuantizedVectors
+from .quantizers import QJL, ScoreStage, TurboQuantMSE, TurboQuantProd
 from .rotation import HaarRotation, RandomizedHadamard, Rotation, fast_walsh_hadamard, make_rotation
 
 __all__ = [

@@ -258,12 +258,9 @@ class TurboQuantIndex(VectorIndex):
         arrays = {key: array[position : position + 1] for key, array in self._stored().items()}
         return self.quantizer.dequantize(self._quantized(arrays))[0].cpu().numpy()
 
-    def _quantized(self, arrays: dict[str, torch.Tensor]) -> Any:
-        quantizer = self.quantizer
-        return tq.QuantizedVectors(
-            codes=arrays["codes"], norms=arrays["norms"], qjl_signs=arrays.get("qjl_signs"),
-            residual_norms=arrays.get("residual_norms"), dim=self.dim, bits=self.bits, mse_bits=quantizer.mse_bits,
-            signature=quantizer.signature, dtype=torch.float32)
+    def _quantized(self, arrays: dict[str, torch.Tensor]) -> tq.QuantizedVectors:
+        return self.quantizer.stored(arrays["codes"], arrays["norms"], arrays.get("qjl_signs"),
+                                     arrays.get("residual_norms"))
 
     # ------------------------------------------------------------------ search
     def scores(self, queries: Any) -> np.ndarray:

@@ -14,7 +14,7 @@ import torch
 
 from ...codebook import symmetric_codebook
 from ...packing import packed_size
-from ...quantizers import QuantizedVectors
+from ...codes import QuantizedVectors
 from .._layout import SUPPORTED_BITS, group_geometry, num_groups, pow2_at_least
 
 MAX_CHANNEL_GROUPS = 2

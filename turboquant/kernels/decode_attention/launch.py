@@ -11,7 +11,7 @@ import triton
 
 from .._decode import resolve_decoder
 from .._layout import check_device, pow2_at_least
-from ...quantizers import QuantizedVectors
+from ...codes import QuantizedVectors
 from .format import MAX_CHANNEL_GROUPS, CacheFormat, check_inputs, one_group_cache
 from .kernel import combine_kernel, decode_split_kernel
 

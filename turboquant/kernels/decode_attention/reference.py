@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ...quantizers import QuantizedVectors
+from ...codes import QuantizedVectors
 from .format import CacheFormat, ChannelGroup, check_inputs, one_group_cache
 
 
