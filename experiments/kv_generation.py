@@ -1,9 +1,9 @@
 """Greedy generation through a compressed KV cache: the loop the needle and LongBench experiments share.
 
 Each batch of prompts gets a fresh cache from :func:`turboquant.kvcache.build_cache` (caches hold one batch of
-conversations), attached to the model for the eviction methods' query hooks, and the cache's own byte
-accounting is returned with the texts so every row records the memory it really used: at the end, at its peak
-and averaged over forward passes. A batch holds prompts of one length (no padding: every row's cache is the cache
+conversations), attached to the model (``turboquant.kvcache.attach``: the one attention function that hands every
+attention call to the cache layer), and the cache's own byte accounting is returned with the texts so every row
+records the memory it really used: at the end, at its peak and averaged over forward passes. A batch holds prompts of one length (no padding: every row's cache is the cache
 a single prompt would build); the cache is told the prompt length and ``max_new_tokens`` so a ``memory_ratio``
 budget holds at the peak of the generation.
 
