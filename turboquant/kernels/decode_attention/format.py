@@ -13,8 +13,8 @@ from typing import Any, NamedTuple
 import torch
 
 from ...codebook import symmetric_codebook
-from ...packing import packed_size
 from ...codes import QuantizedVectors
+from ...packing import packed_size
 from .._layout import SUPPORTED_BITS, group_geometry, num_groups, pow2_at_least
 
 MAX_CHANNEL_GROUPS = 2
