@@ -46,17 +46,23 @@ def _timed(model, token, cache, fused: bool, steps: int = 10) -> tuple[float, fl
     return (time.perf_counter() - start_wall) / steps * 1e3, start.elapsed_time(stop) / steps
 
 
+def _model_and_token(batch: int, device: torch.device) -> tuple[torch.nn.Module, torch.Tensor]:
+    """Four Llama-3.1-8B-shaped layers (random weights) and one random token per batch row."""
+    from omegaconf import OmegaConf
+
+    model = decode_step_model(OmegaConf.create({"layers": 4, "intermediate_size": 14336, "vocab_size": 32000}),
+                              device)
+    return model, torch.randint(0, 32000, (batch, 1), device=device)
+
+
 def profile_caches(batch: int = 8, tokens: int = 32768) -> None:
     import transformers
-    from omegaconf import OmegaConf
     from torch.profiler import ProfilerActivity, profile
 
     from turboquant.kvcache import build_cache
 
     device = torch.device("cuda")
-    model = decode_step_model(OmegaConf.create({"layers": 4, "intermediate_size": 14336, "vocab_size": 32000}),
-                              device)
-    token = torch.randint(0, 32000, (batch, 1), device=device)
+    model, token = _model_and_token(batch, device)
     caches = {
         "full": transformers.DynamicCache,
         "workspace": lambda: build_cache("turboquant", model.config, key_bits=4, value_bits=4),
@@ -122,14 +128,10 @@ def sync_sites(step) -> Counter:
 
 def host_profile(batch: int = 8, tokens: int = 8192, steps: int = 5) -> None:
     """Wall time, synchronisations and cProfile's top functions of fused decode steps, per configuration."""
-    from omegaconf import OmegaConf
-
     from turboquant.kvcache import build_cache
 
     device = torch.device("cuda")
-    model = decode_step_model(OmegaConf.create({"layers": 4, "intermediate_size": 14336, "vocab_size": 32000}),
-                              device)
-    token = torch.randint(0, 32000, (batch, 1), device=device)
+    model, token = _model_and_token(batch, device)
     configs = {
         "fused 4-bit K/V, no window": {"key_bits": 4, "value_bits": 4},
         "fused 4-bit K/V, 128-token window": {"key_bits": 4, "value_bits": 4, "residual_length": 128},
@@ -150,12 +152,10 @@ def host_profile(batch: int = 8, tokens: int = 8192, steps: int = 5) -> None:
             decode_step(model, token, cache, True)
         torch.cuda.synchronize()
         profiler.disable()
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
-        print(f"cProfile of {steps} steps (cumulative):\n{text.getvalue()}", flush=True)
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(20)
-        print(f"cProfile of {steps} steps (own time):\n{text.getvalue()}", flush=True)
+        for order, label, rows in (("cumulative", "cumulative", 30), ("tottime", "own time", 20)):
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(rows)
+            print(f"cProfile of {steps} steps ({label}):\n{text.getvalue()}", flush=True)
         del cache
         torch.cuda.empty_cache()
 

@@ -140,8 +140,8 @@ def nearest_operands(boundaries: torch.Tensor | np.ndarray, nearest: str, device
     each new token), and the kernels only read the table."""
     if nearest not in ("table", "tree", "none"):
         raise ValueError(f"nearest must be 'table' or 'tree', got {nearest!r}")
-    bnd = _as_numpy(boundaries)
-    return _device_operands(bnd.tobytes(), nearest, str(torch.device(device)))
+    bnd = _as_numpy(boundaries)  # "none" reads the cell table too: one cached copy for both
+    return _device_operands(bnd.tobytes(), "tree" if nearest == "tree" else "table", str(torch.device(device)))
 
 
 @functools.lru_cache(maxsize=256)
