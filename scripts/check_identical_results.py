@@ -51,6 +51,9 @@ RUNS: dict[str, tuple[list[str], dict]] = {
                           {"experiment.datasets": {"random_sphere": SPHERE},
                            "experiment.sizes.quick": {"n_base": 500, "n_queries": 20,
                                                       "data": ["random_sphere:16", "random_sphere:24"]}}),
+    "quantizer_disputes": (["dataset=random_sphere", "dataset.dim=64", "experiment.sizes.quick.n_base=400",
+                            "experiment.sizes.quick.n_queries=30", "experiment.bits=[1,2]", "experiment.seeds=[0,1]"],
+                           {}),
     # not an embedding experiment and not in the default list: the kernel benchmark's checks (errors against
     # the float64 references) under the CPU interpreter, decode_step left out (minutes there)
     "kernels": (["experiment.smoke=true", "experiment.ops=[quantize,library,prod,scores,decode]"], {}),
@@ -60,7 +63,8 @@ RUNS: dict[str, tuple[list[str], dict]] = {
     "longbench": (["scale=smoke"], {"model": "TINY_LLAMA"}),
     "ruler": (["scale=smoke", "experiment.sizes.smoke.tasks=[fwe]"], {"model": "TINY_LLAMA"}),  # a quick generator
 }
-EMBEDDING_EXPERIMENTS = ["distortion", "ip_histogram", "ip_variance", "ann_recall", "ann_indexing_time"]
+EMBEDDING_EXPERIMENTS = ["distortion", "ip_histogram", "ip_variance", "ann_recall", "ann_indexing_time",
+                         "quantizer_disputes"]
 LLM_EXPERIMENTS = ["needle", "longbench", "kv_ablation", "ruler"]
 _TINY_LLAMA = """
 import sys

@@ -29,14 +29,14 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402
 
 from experiments.data.haystack import load_haystack  # noqa: E402
 from experiments.io import config_to_dict  # noqa: E402
 from experiments.kv_generation import KVMethod  # noqa: E402
 from experiments.models import load_model, model_spec_from_config  # noqa: E402
 from experiments.needle import NeedleTask, PromptBuilder, method_runs  # noqa: E402
-from turboquant.kvcache import build_cache  # noqa: E402
+from turboquant.kvcache import CompressedCache, FullPrecisionLayer, attach, build_cache  # noqa: E402
+
 
 CONFIGS = REPO_ROOT / "configs"
 
@@ -48,30 +48,28 @@ def load_method(name: str) -> KVMethod:
     return KVMethod(key=name, label=str(raw.get("label", name)), cache=str(raw.cache), options=options)
 
 
+class _QueryCapture(FullPrecisionLayer):
+    """A full-precision layer that keeps the queries of the last ``n_queries`` positions the model attends with."""
+
+    def __init__(self, layer_idx: int, n_queries: int) -> None:
+        super().__init__(layer_idx)
+        self.n_queries, self.queries = n_queries, None
+
+    def attend(self, module, query, key, value, attention_mask, attention, **kwargs):
+        self.queries = query[:, :, -self.n_queries:].float()
+        return super().attend(module, query, key, value, attention_mask, attention, **kwargs)
+
+
 @torch.inference_mode()
 def capture(model, input_ids: torch.Tensor, n_queries: int) -> list[dict[str, torch.Tensor]]:
-    """Per layer: post-RoPE keys/values (1, H_kv, n, d) of the prompt and queries (1, H_q, m, d) of its last m tokens."""
-    captured: dict[int, dict[str, torch.Tensor]] = {}
-
-    def hook(module, args, kwargs):
-        hidden = kwargs.get("hidden_states", args[0] if args else None)[:, -n_queries:]
-        cos, sin = kwargs["position_embeddings"]
-        head_dim = module.head_dim
-        q = module.q_proj(hidden).view(hidden.shape[0], hidden.shape[1], -1, head_dim).transpose(1, 2)
-        q, _ = apply_rotary_pos_emb(q, q, cos[:, -n_queries:], sin[:, -n_queries:])
-        captured[module.layer_idx] = {"queries": q.float()}
-
-    layers = model.model.layers
-    handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers]
-    try:
-        cache = build_cache("full", model.config)
+    """Per layer: post-RoPE keys/values (1, H_kv, n, d) of the prompt and queries (1, H_q, m, d) of its last m tokens,
+    as the model's attention receives them (``attach``: no projection is recomputed here)."""
+    layers = [_QueryCapture(index, n_queries) for index in range(model.config.num_hidden_layers)]
+    cache = CompressedCache(layers, method="full", options={})
+    with attach(model, cache):
         model(input_ids=input_ids, cache=cache, use_cache=True)
-    finally:
-        for handle in handles:
-            handle.remove()
-    for index, layer in enumerate(cache.layers):
-        captured[index]["keys"], captured[index]["values"] = layer.keys.float(), layer.values.float()
-    return [captured[i] for i in range(len(layers))]
+    return [{"queries": layer.queries, "keys": layer.keys.float(), "values": layer.values.float()}
+            for layer in cache.layers]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

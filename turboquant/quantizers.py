@@ -22,7 +22,6 @@ centroid values chunk by chunk, so the cost is one (m×d)·(d×n) product instea
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -33,6 +32,7 @@ from ._random import stream_generator
 from ._validation import all_finite  # noqa: F401  (re-exported: turboquant.ann imports it from here)
 from ._validation import (SAFE_NORMS, check_choice, check_device, check_finite, check_int, check_vectors,
                           unit_vectors)
+from .backends import Choice, quantizer_backend
 from .codebook import MAX_BITS, SUPPORTED_DENSITIES, Codebook, lloyd_max_codebook
 from .codes import QuantizedVectors
 from .packing import pack_codes, packed_size, unpack_codes
@@ -42,9 +42,6 @@ __all__ = ["QuantizedVectors", "ScoreStage", "TurboQuantMSE", "TurboQuantProd", 
 
 _DEFAULT_CHUNK = 16384
 _NORM_DTYPE = torch.float32
-BACKENDS = ("auto", "torch", "triton", "numba")
-_TRITON_MAX_BITS = 4       # the kernels' code widths (turboquant.kernels._layout)
-_TRITON_PROD_MAX_DIM = 256  # the fused TurboQuant_prod kernel works on one tile per row
 
 
 def _check_norms(norms: torch.Tensor) -> None:
@@ -60,51 +57,10 @@ def _check_norms(norms: torch.Tensor) -> None:
                          "norms are stored in; rescale x")
 
 
-def _use_triton(backend: str, device: torch.device, supported: bool) -> bool:
-    """Whether quantize / inner_product run the Triton kernels (``turboquant.kernels``).
-
-    "torch" and "numba" never do; "triton" always does (ValueError if Triton cannot run on ``device`` or
-    the configuration has no kernel); "auto" does on CUDA devices when Triton is installed. The kernels
-    return the same codes as the torch path except for coordinates within fp16 rounding of a midpoint.
-    """
-    check_choice(backend, "backend", BACKENDS)
-    if backend in ("torch", "numba"):
-        return False
-    from .kernels import triton_available
-
-    if backend == "triton":
-        if not triton_available(device):
-            raise ValueError(f"backend='triton' needs Triton and a CUDA device (or TRITON_INTERPRET=1), got {device}")
-        if not supported:
-            raise ValueError(f"backend='triton' supports bits <= {_TRITON_MAX_BITS} (TurboQuant_prod: "
-                             f"dim <= {_TRITON_PROD_MAX_DIM})")
-        return True
-    return supported and device.type == "cuda" and triton_available(device)
-
-
 #: ``backend="auto"`` hands inputs of at least this many coordinates to the numba CPU encoder. Below it the
-#: torch path is faster: starting numba's parallel region costs about 0.1-10 ms (thread wake-up, more on a
-#: loaded machine), which is what a KV cache writing one token per layer and step would pay every call.
+#: torch path is faster: starting numba's parallel region has a fixed cost per call (thread wake-up), which a KV
+#: cache writing one token per layer and step would pay every call (benchmarks/NOTES.md, "Constants").
 _NUMBA_MIN_COORDINATES = 1 << 16
-
-
-def _use_numba(backend: str, device: torch.device) -> bool:
-    """Whether TurboQuant_mse encoding runs the fused CPU encoder (``turboquant.kernels.quantize_cpu``).
-
-    "numba" always does (ValueError if numba is not installed or ``device`` is not the CPU); "auto"
-    does on the CPU when numba is installed. Its codes are the torch path's (bit-identical with a Haar
-    rotation; with the randomized Hadamard except for coordinates within float32 rounding of a midpoint).
-    """
-    if backend not in ("auto", "numba"):
-        return False
-    installed = importlib.util.find_spec("numba") is not None
-    if backend == "numba":
-        if not installed:
-            raise ValueError("backend='numba' needs the numba package (pip install numba)")
-        if device.type != "cpu":
-            raise ValueError(f"backend='numba' runs on the CPU, got device {device}")
-        return True
-    return installed and device.type == "cpu"
 
 
 @dataclass(frozen=True)
@@ -157,9 +113,8 @@ class _VectorQuantizer:
     mse_bits: int
     device: torch.device
     chunk_size: int
-    _triton: bool = False  # scores (and encodes) through the Triton kernels
-    backend: str = "torch"
-    _numba: bool = False  # set by quantizers with a numba CPU encoder (see _use_numba)
+    backend: str = "torch"   # as asked for ("auto", "torch", "triton", "numba")
+    backend_choice: Choice   # what serves it, and why not the others (turboquant.backends.quantizer_backend)
     _side_fields: tuple[str, ...] = ()  # the QuantizedVectors fields it stores beside codes and norms
 
     def _configure(self, dim: int, seed: int, device: torch.device | str | None, chunk_size: int) -> None:
@@ -175,10 +130,15 @@ class _VectorQuantizer:
     def __repr__(self) -> str:
         return self.signature
 
+    @property
+    def _triton(self) -> bool:
+        """Whether encode and scores run the Triton kernels."""
+        return self.backend_choice.chosen == "triton"
+
     def _numba_for(self, x: torch.Tensor) -> bool:
         """Whether this call runs the numba CPU encoder: always with ``backend="numba"``; with ``"auto"`` for
         CPU inputs of at least ``_NUMBA_MIN_COORDINATES`` coordinates (small ones are faster in torch)."""
-        return self._numba and x.device.type == "cpu" and (
+        return self.backend_choice.chosen == "numba" and x.device.type == "cpu" and (
             self.backend == "numba" or x.numel() >= _NUMBA_MIN_COORDINATES)
 
     def stored(self, codes: torch.Tensor, norms: torch.Tensor, qjl_signs: torch.Tensor | None = None,
@@ -211,6 +171,21 @@ class _VectorQuantizer:
         rows = rows.to(self.device)
         unit, norms = unit_vectors(rows if rows.dtype == torch.float64 else rows.float())
         return unit.float(), norms
+
+    @torch.no_grad()
+    def dequantize(self, q: QuantizedVectors) -> torch.Tensor:
+        """x̃ = ‖x‖ · u, shape (…, d), in the input's dtype, with u the unit vector's reconstruction
+        (:meth:`_unit_rows`: Alg. 1's, Definition 1's or Alg. 2's), chunk by chunk."""
+        self._check_codes(q)
+        flat = q.flatten()
+        out = torch.empty(len(flat.norms), self.dim, dtype=torch.float32, device=self.device)
+        for part in self._chunks(out.shape[0]):
+            out[part] = self._unit_rows(flat, part) * flat.norms[part].float().unsqueeze(-1)
+        return out.reshape(*q.shape, self.dim).to(q.dtype)
+
+    def _unit_rows(self, flat: QuantizedVectors, part: slice) -> torch.Tensor:
+        """The reconstruction (len(part), d) float32 of rows ``part`` of ``flat`` as unit vectors."""
+        raise NotImplementedError
 
     def _chunks(self, n: int):
         for start in range(0, n, self.chunk_size):
@@ -338,8 +313,7 @@ class TurboQuantMSE(_VectorQuantizer):
         self._centroids = self.codebook.centroids_tensor(self.device)
         self._boundaries = self.codebook.boundaries_tensor(self.device)
         self.backend = backend
-        self._triton = _use_triton(backend, self.device, self.bits <= _TRITON_MAX_BITS)
-        self._numba = not self._triton and _use_numba(backend, self.device)
+        self.backend_choice = quantizer_backend(backend, self.device, mse_bits=self.bits, dim=self.dim)
         self.threads = _check_threads(threads)
 
     @property
@@ -389,16 +363,9 @@ class TurboQuantMSE(_VectorQuantizer):
         self._check_codes(q)
         return unpack_codes(q.codes, self.bits, self.dim)
 
-    @torch.no_grad()
-    def dequantize(self, q: QuantizedVectors) -> torch.Tensor:
-        """x̃ = ‖x‖ · Πᵀ c[idx], shape (…, d), in the input's dtype."""
-        self._check_codes(q)
-        flat = q.flatten()
-        out = torch.empty(len(flat.norms), self.dim, dtype=torch.float32, device=self.device)
-        for part in self._chunks(out.shape[0]):
-            indices = unpack_codes(flat.codes[part], self.bits, self.dim)
-            out[part] = self.decode_unit(indices) * flat.norms[part].float().unsqueeze(-1)
-        return out.reshape(*q.shape, self.dim).to(q.dtype)
+    def _unit_rows(self, flat: QuantizedVectors, part: slice) -> torch.Tensor:
+        """Πᵀ c[idx] of rows ``part``."""
+        return self.decode_unit(unpack_codes(flat.codes[part], self.bits, self.dim))
 
     def score_stages(self) -> tuple[ScoreStage, ...]:
         """One stage: ⟨y, x̃⟩ = ‖x‖ · ⟨Πy, c[idx]⟩ (Π orthogonal)."""
@@ -419,6 +386,8 @@ class QJL(_VectorQuantizer):
         self._configure(dim, seed, device, chunk_size)
         self.bits = 1
         self.mse_bits = 0
+        self.backend_choice = Choice("quantizer backend", "torch", (("triton", "QJL alone has no kernel"),
+                                                                    ("numba", "QJL alone has no kernel")))
         generator = stream_generator(self.seed, "qjl", self.dim)
         self.matrix = torch.randn(self.dim, self.dim, generator=generator).to(self.device)  # S
         self.scale = math.sqrt(math.pi / 2) / self.dim
@@ -448,15 +417,9 @@ class QJL(_VectorQuantizer):
         empty = torch.empty(unit.shape[0], 0, dtype=torch.uint8, device=self.device)
         return {"codes": empty, "norms": norms, "qjl_signs": signs}
 
-    @torch.no_grad()
-    def dequantize(self, q: QuantizedVectors) -> torch.Tensor:
-        self._check_codes(q)
-        flat = q.flatten()
-        out = torch.empty(len(flat.norms), self.dim, dtype=torch.float32, device=self.device)
-        for part in self._chunks(out.shape[0]):
-            out[part] = self.scale * (self.signs(flat.qjl_signs[part]) @ self.matrix) \
-                * flat.norms[part].float().unsqueeze(-1)
-        return out.reshape(*q.shape, self.dim).to(q.dtype)
+    def _unit_rows(self, flat: QuantizedVectors, part: slice) -> torch.Tensor:
+        """√(π/2)/d · Sᵀ z of rows ``part`` (Definition 1)."""
+        return self.scale * (self.signs(flat.qjl_signs[part]) @ self.matrix)
 
     def score_stages(self) -> tuple[ScoreStage, ...]:
         """One stage: ⟨y, x̃⟩ = ‖x‖ · √(π/2)/d · ⟨Sy, z⟩, the sign bits as 1-bit codes of (−1, +1)."""
@@ -480,16 +443,13 @@ class TurboQuantProd(_VectorQuantizer):
         self.mse_bits = self.bits - 1
         self.rotation_kind = check_choice(rotation, "rotation", ROTATION_KINDS)
         self.density = check_choice(density, "density", SUPPORTED_DENSITIES)
-        if backend == "numba" and self.mse_bits == 0:
-            raise ValueError("backend='numba' encodes the MSE stage; TurboQuantProd needs bits >= 2 for it")
         self.backend = backend
-        self._triton = _use_triton(backend, self.device,
-                                   self.mse_bits <= _TRITON_MAX_BITS and self.dim <= _TRITON_PROD_MAX_DIM)
+        self.backend_choice = quantizer_backend(backend, self.device, mse_bits=self.mse_bits, dim=self.dim,
+                                                prod=True)
         self.mse = (TurboQuantMSE(self.dim, self.mse_bits, rotation, self.seed, self.device, density, chunk_size,
                                   "triton" if self._triton else "torch")
                     if self.mse_bits else None)
         self.qjl = QJL(self.dim, self.seed, self.device, chunk_size)  # S's stream is not Π's (turboquant._random)
-        self._numba = not self._triton and self.mse_bits >= 1 and _use_numba(backend, self.device)
         self._sketch_rotated: torch.Tensor | None = None  # S Πᵀ, built on the numba path's first use
 
     @property
@@ -543,19 +503,10 @@ class TurboQuantProd(_VectorQuantizer):
             signs[part] = self.qjl.sign_bits(residual)
         return {"codes": codes, "qjl_signs": signs, "norms": norms, "residual_norms": residual_norms}
 
-    @torch.no_grad()
-    def dequantize(self, q: QuantizedVectors) -> torch.Tensor:
-        """x̃ = ‖x‖ · (Πᵀc[idx] + √(π/2)/d · ‖r‖ · Sᵀ sign(Sr)) (Alg. 2, DeQuant_prod)."""
-        self._check_codes(q)
-        flat = q.flatten()
-        out = torch.empty(len(flat.norms), self.dim, dtype=torch.float32, device=self.device)
-        for part in self._chunks(out.shape[0]):
-            unit = self.qjl.scale * (self.qjl.signs(flat.qjl_signs[part]) @ self.qjl.matrix) \
-                * flat.residual_norms[part].float().unsqueeze(-1)
-            if self.mse:
-                unit = unit + self.mse.decode_unit(unpack_codes(flat.codes[part], self.mse_bits, self.dim))
-            out[part] = unit * flat.norms[part].float().unsqueeze(-1)
-        return out.reshape(*q.shape, self.dim).to(q.dtype)
+    def _unit_rows(self, flat: QuantizedVectors, part: slice) -> torch.Tensor:
+        """Πᵀc[idx] + √(π/2)/d · ‖r‖ · Sᵀ sign(Sr) of rows ``part`` (Alg. 2, DeQuant_prod)."""
+        unit = self.qjl._unit_rows(flat, part) * flat.residual_norms[part].float().unsqueeze(-1)
+        return unit + self.mse._unit_rows(flat, part) if self.mse else unit
 
     def score_stages(self) -> tuple[ScoreStage, ...]:
         """The MSE stage, then QJL of the residual: ⟨y, x̃⟩ = ‖x‖ · (⟨Πy, c[idx]⟩ + √(π/2)/d · ‖r‖ · ⟨Sy, sign(Sr)⟩)."""

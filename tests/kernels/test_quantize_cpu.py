@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import turboquant as tq
-from turboquant import quantizers
+from turboquant import backends, quantizers
 
 pytest.importorskip("numba")
 
@@ -89,7 +89,7 @@ def test_quantizer_backends_agree(rotation):
     x[1, 3] = 0
     fast = tq.TurboQuantMSE(dim, bits, rotation=rotation, seed=2, backend="numba")
     slow = tq.TurboQuantMSE(dim, bits, rotation=rotation, seed=2, backend="torch")
-    assert fast._numba and not slow._numba
+    assert (fast.backend_choice.chosen, slow.backend_choice.chosen) == ("numba", "torch")
     got, want = fast.quantize(x), slow.quantize(x)
     assert got.codes.shape == want.codes.shape == (4, 50, 100) and got.signature == want.signature
     assert got.norms[1, 3] == 0
@@ -110,7 +110,7 @@ def test_prod_backends_agree(rotation, dim, bits):
     x[2, 5] = 0
     fast = tq.TurboQuantProd(dim, bits, rotation=rotation, seed=6, backend="numba")
     slow = tq.TurboQuantProd(dim, bits, rotation=rotation, seed=6, backend="torch")
-    assert fast._numba and not slow._numba
+    assert (fast.backend_choice.chosen, slow.backend_choice.chosen) == ("numba", "torch")
     got, want = fast.quantize(x), slow.quantize(x)
     for name, width in (("codes", bits - 1), ("qjl_signs", 1)):
         a, b = getattr(got, name), getattr(want, name)
@@ -143,20 +143,20 @@ def test_low_precision_inputs_and_threads():
 
 
 def test_dispatch(monkeypatch):
-    assert tq.TurboQuantMSE(16, 2, backend="auto")._numba  # CPU + numba installed
-    assert not tq.TurboQuantMSE(16, 2, backend="torch")._numba
+    assert tq.TurboQuantMSE(16, 2, backend="auto").backend_choice.chosen == "numba"  # CPU + numba installed
+    assert tq.TurboQuantMSE(16, 2, backend="torch").backend_choice.chosen == "torch"
     with pytest.raises(ValueError, match="runs on the CPU"):
-        quantizers._use_numba("numba", torch.device("cuda"))
-    assert not quantizers._use_numba("auto", torch.device("cuda"))
-    with pytest.raises(ValueError, match="bits >= 2"):
+        backends.quantizer_backend("numba", "cuda", mse_bits=2, dim=16)
+    assert backends.quantizer_backend("auto", "cuda", mse_bits=5, dim=16).chosen == "torch"  # 5 bits: no kernel
+    with pytest.raises(ValueError, match="bits=1 does not have"):
         tq.TurboQuantProd(16, 1, backend="numba")  # pure QJL: no MSE stage to encode
-    assert not tq.TurboQuantProd(16, 1, backend="auto")._numba
-    real_find_spec = quantizers.importlib.util.find_spec
-    monkeypatch.setattr(quantizers.importlib.util, "find_spec",
+    assert tq.TurboQuantProd(16, 1, backend="auto").backend_choice.chosen == "torch"
+    real_find_spec = backends.importlib.util.find_spec
+    monkeypatch.setattr(backends.importlib.util, "find_spec",
                         lambda name, *a: None if name == "numba" else real_find_spec(name, *a))
-    with pytest.raises(ValueError, match="needs the numba package"):
+    with pytest.raises(ValueError, match="numba package is not installed"):
         tq.TurboQuantMSE(16, 2, backend="numba")
-    assert not tq.TurboQuantMSE(16, 2, backend="auto")._numba  # falls back to the torch path
+    assert tq.TurboQuantMSE(16, 2, backend="auto").backend_choice.chosen == "torch"  # falls back to the torch path
 
 
 @pytest.mark.parametrize("cls", [tq.TurboQuantMSE, tq.TurboQuantProd])

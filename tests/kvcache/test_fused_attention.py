@@ -20,7 +20,6 @@ from tests.kvcache.tiny_llama import relative_error
 from turboquant.kvcache import attach, build_cache
 from turboquant.kvcache import fused_attention
 from turboquant.kvcache.attention import CACHE_ATTENTION
-from turboquant.kvcache.fused_attention import fused_decode_unsupported
 from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig, TurboQuantLayer
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -115,11 +114,11 @@ def test_unsupported_configurations_name_the_reason(tiny_model):
         TurboQuantCacheConfig(key_bits=1, value_bits=2, key_variant="prod", outlier_channels=16),  # QJL alone
         TurboQuantCacheConfig(outlier_channels=16, value_outliers=False, outlier_key_bits=4),
     ]
-    assert all(fused_decode_unsupported(config) is None for config in served)
-    assert "value_bits=6" in fused_decode_unsupported(TurboQuantCacheConfig(value_bits=6))
-    assert "key_bits=6 (5-bit MSE codes + QJL signs)" in fused_decode_unsupported(
-        TurboQuantCacheConfig(key_variant="prod", key_bits=6))
-    assert "outlier_value_bits=5" in fused_decode_unsupported(TurboQuantCacheConfig(key_bits=3, outlier_channels=16))
+    assert all(config.read_path().chosen == "fused" for config in served)
+    assert "value_bits=6" in TurboQuantCacheConfig(value_bits=6).read_path().why_not("fused")
+    assert "key_bits=6 (5-bit MSE codes + QJL signs)" in TurboQuantCacheConfig(
+        key_variant="prod", key_bits=6).read_path().why_not("fused")
+    assert "outlier_value_bits=5" in TurboQuantCacheConfig(key_bits=3, outlier_channels=16).read_path().why_not("fused")
     with pytest.raises(ValueError, match="outlier_key_bits=5"):
         build_cache("turboquant", tiny_model.config, fused_decode=True, bits=4.5)
 

@@ -15,7 +15,6 @@ pytest.importorskip("triton")
 from experiments.kv_generation import generate_with_cache
 from experiments.models import LoadedModel, ModelSpec
 from turboquant.kvcache import build_cache, fused_attention
-from turboquant.kvcache.fused_attention import fused_decode_unsupported
 from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig
 
 NEW_TOKENS = 4
@@ -91,12 +90,12 @@ def test_forcing_the_fused_path_never_falls_back_silently(loaded, prompt_ids):
 
 
 def test_reasons_the_fused_path_is_unavailable(monkeypatch):
-    assert fused_decode_unsupported(TurboQuantCacheConfig(), "cpu") is None  # under the interpreter
-    assert fused_decode_unsupported(TurboQuantCacheConfig(key_bits=2, value_bits=2, key_variant="prod", outlier_channels=16),
-                                    "cpu") is None
-    assert "key_bits=5" in fused_decode_unsupported(TurboQuantCacheConfig(key_bits=5, value_bits=5), "cpu")
+    assert TurboQuantCacheConfig().read_path("auto", "cpu").chosen == "fused"  # under the interpreter
+    assert TurboQuantCacheConfig(key_bits=2, value_bits=2, key_variant="prod",
+                                 outlier_channels=16).read_path("auto", "cpu").chosen == "fused"
+    assert "key_bits=5" in TurboQuantCacheConfig(key_bits=5, value_bits=5).read_path("auto", "cpu").why_not("fused")
     monkeypatch.delenv("TRITON_INTERPRET")
-    assert "TRITON_INTERPRET=1" in fused_decode_unsupported(TurboQuantCacheConfig(), "cpu")
+    assert "TRITON_INTERPRET=1" in TurboQuantCacheConfig().read_path("auto", "cpu").why_not("fused")
 
 
 def test_auto_takes_the_fused_path_only_where_the_kernel_serves(tiny_config):

@@ -10,7 +10,7 @@ import torch
 
 from turboquant.kvcache import ModelShape, build_cache
 from turboquant.kvcache.base import TokenBuffer, tensor_nbytes
-from turboquant.kvcache.kivi import KIVIKeyEncoder, KIVIValueEncoder
+from turboquant.kvcache.kivi import KIVIEncoder
 from turboquant.kvcache.polarquant import PolarEncoder
 from turboquant.kvcache.stream import Encoder, Fields, QuantizedStream
 from turboquant.kvcache.turboquant_cache import TurboQuantEncoder
@@ -110,8 +110,8 @@ class RecordingEncoder(Encoder):
 @pytest.mark.parametrize("make_encoder, residual_length, policy", [
     (lambda: TurboQuantEncoder(64, [(64, 3)], "mse", "haar", 0, CPU), 0, "block"),
     (lambda: TurboQuantEncoder(64, [(16, 3), (48, 2)], "prod", "hadamard", 0, CPU, center=True), 16, "block"),
-    (lambda: KIVIKeyEncoder(2, 32, 64), 32, "block"),
-    (lambda: KIVIValueEncoder(3, 32, 64), 16, "sliding"),
+    (lambda: KIVIEncoder(2, 32, 64, "tokens"), 32, "block"),
+    (lambda: KIVIEncoder(3, 32, 64, "channels"), 16, "sliding"),
     (lambda: PolarEncoder(64, (4, 2, 2, 2), "haar", 0, CPU), 8, "block"),
 ], ids=["turboquant", "turboquant-prod-split-window", "kivi-keys", "kivi-values", "polarquant"])
 def test_stream_store_equals_the_concatenation_of_its_chunks(make_encoder, residual_length, policy):

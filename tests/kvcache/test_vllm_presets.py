@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from turboquant.kvcache import VLLM_PRESETS, ModelShape, build_cache
-from turboquant.kvcache.fused_attention import fused_decode_unsupported
 from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig, vllm_preset_options
 
 # vLLM's TurboQuantConfig.slot_size at head_dim 128: key ceil(d*b/8) + 2 (fp16 norm) or d (FP8), value
@@ -74,9 +73,11 @@ def test_fp8_keys_and_uniform_values_round_trip() -> None:
 
 
 def test_the_decode_kernel_refuses_non_turboquant_streams_and_serves_norm_correction() -> None:
-    assert "TurboQuant codes only" in fused_decode_unsupported(TurboQuantCacheConfig(**vllm_preset_options("turboquant_k8v4")))
-    assert "TurboQuant codes only" in fused_decode_unsupported(TurboQuantCacheConfig(**vllm_preset_options("turboquant_4bit_nc")))
-    assert fused_decode_unsupported(TurboQuantCacheConfig(key_bits=4, value_bits=3, norm_correction=True)) is None
+    for preset, streams in (("turboquant_k8v4", "key_format='fp8', value_format='uniform'"),
+                            ("turboquant_4bit_nc", "value_format='uniform'")):
+        reason = TurboQuantCacheConfig(**vllm_preset_options(preset)).read_path().why_not("fused")
+        assert reason == f"{streams}: the decode kernel reads TurboQuant codes only"
+    assert TurboQuantCacheConfig(key_bits=4, value_bits=3, norm_correction=True).read_path().chosen == "fused"
 
 
 def test_fp16_layers_are_kept_whole_and_counted() -> None:

@@ -23,11 +23,11 @@ def captured():
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(tiny_llama_config()).eval()
     ids = torch.randint(0, model.config.vocab_size, (1, 96))
-    return model, kv_attention_error.capture(model, ids, n_queries=16)
+    return model, kv_attention_error.capture(model, ids, n_queries=16), ids
 
 
 def test_capture_matches_the_models_own_attention_shapes(captured) -> None:
-    model, layers = captured
+    model, layers, _ = captured
     assert len(layers) == model.config.num_hidden_layers
     head_dim = model.config.head_dim
     assert layers[0]["keys"].shape == (1, model.config.num_key_value_heads, 96, head_dim)
@@ -35,7 +35,7 @@ def test_capture_matches_the_models_own_attention_shapes(captured) -> None:
 
 
 def test_full_cache_reads_back_exactly_and_quantizers_err_with_fewer_bits(captured) -> None:
-    model, layers = captured
+    model, layers, _ = captured
     full = kv_attention_error.layer_errors(model, layers, KVMethod("full", "Full", "full", {}))
     assert all(row["output_error"] < 1e-3 and row["key_error"] < 1e-3 for row in full)  # fp16 storage only
     errors = {
@@ -47,7 +47,7 @@ def test_full_cache_reads_back_exactly_and_quantizers_err_with_fewer_bits(captur
 
 
 def test_eviction_methods_are_refused(captured) -> None:
-    model, layers = captured
+    model, layers, _ = captured
     snap = KVMethod("snapkv", "SnapKV", "snapkv", {"budget": 16, "window_size": 8})
     with pytest.raises(Exception):  # noqa: B017 - eviction needs the prefill's query hooks or refuses the length
         kv_attention_error.layer_errors(model, layers, snap)
@@ -91,3 +91,27 @@ def test_append_keeps_rows_of_the_same_prompt_and_refuses_other_prompts(tmp_path
     pd.DataFrame({"layer": [0], "method": ["a"]}).to_csv(path)  # rows that do not say which prompt made them
     with pytest.raises(SystemExit, match="not recorded"):
         kv_attention_error.stored_rows(path, context=2048, depth=0.5, queries=64)
+
+
+def test_captured_queries_are_the_projected_and_rotated_hidden_states(captured) -> None:
+    """The queries the attention function received equal q_proj + RoPE of the layer's input, recomputed here."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    model, layers, ids = captured
+    inputs: dict[int, tuple] = {}
+    hooks = [layer.self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs: inputs.__setitem__(module.layer_idx, (kwargs["hidden_states"],
+                                                                           kwargs["position_embeddings"])),
+        with_kwargs=True) for layer in model.model.layers]
+    try:
+        with torch.inference_mode():
+            model(input_ids=ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    with torch.inference_mode():
+        for index, attn in enumerate(layer.self_attn for layer in model.model.layers):
+            hidden, (cos, sin) = inputs[index]
+            q = attn.q_proj(hidden[:, -16:]).view(1, 16, -1, attn.head_dim).transpose(1, 2)
+            q, _ = apply_rotary_pos_emb(q, q, cos[:, -16:], sin[:, -16:])
+            torch.testing.assert_close(layers[index]["queries"], q.float(), rtol=1e-5, atol=1e-5)

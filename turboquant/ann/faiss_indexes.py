@@ -151,21 +151,24 @@ class PQIndex(FaissIndex):
 
     method: ClassVar[str] = "pq"
     requires_training: ClassVar[bool] = True
+    sub_bits: ClassVar[int] = 8            # bits of one sub-quantizer code
+    faiss_class: ClassVar[str] = "IndexPQ"
 
     @property
     def sub_vector_length(self) -> int:
-        return _sub_vector_length(self.bits, 8, "PQ with 8-bit sub-quantizers")
+        return _sub_vector_length(self.bits, self.sub_bits,
+                                  f"{self.faiss_class} with {self.sub_bits}-bit sub-quantizers")
 
     def _make_faiss_index(self) -> faiss.Index:
         m = self.padded_dim // self.sub_vector_length
-        return faiss.IndexPQ(self.padded_dim, m, 8, faiss.METRIC_INNER_PRODUCT)
+        return getattr(faiss, self.faiss_class)(self.padded_dim, m, self.sub_bits, faiss.METRIC_INNER_PRODUCT)
 
     @property
     def model_nbytes(self) -> int:
         return 4 * int(self._index.pq.centroids.size())
 
 
-class PQFastScanIndex(FaissIndex):
+class PQFastScanIndex(PQIndex):
     """Product quantization with 4-bit sub-quantizers scanned by faiss's SIMD fast-scan kernels.
 
     ``M = padded_dim · bits / 4`` sub-quantizers of 16 codewords over ``4 / bits`` coordinates each; the
@@ -173,19 +176,8 @@ class PQFastScanIndex(FaissIndex):
     """
 
     method: ClassVar[str] = "pq_fastscan"
-    requires_training: ClassVar[bool] = True
-
-    @property
-    def sub_vector_length(self) -> int:
-        return _sub_vector_length(self.bits, 4, "PQ fast-scan with 4-bit sub-quantizers")
-
-    def _make_faiss_index(self) -> faiss.Index:
-        m = self.padded_dim // self.sub_vector_length
-        return faiss.IndexPQFastScan(self.padded_dim, m, 4, faiss.METRIC_INNER_PRODUCT)
-
-    @property
-    def model_nbytes(self) -> int:
-        return 4 * int(self._index.pq.centroids.size())
+    sub_bits: ClassVar[int] = 4
+    faiss_class: ClassVar[str] = "IndexPQFastScan"
 
 
 class RaBitQIndex(FaissIndex):

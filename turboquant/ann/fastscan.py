@@ -63,8 +63,8 @@ _CODE_BITS = 4  # faiss fast-scan sub-quantizer codes
 _BLOCK = 32  # faiss fast-scan block size (bbs): vectors whose codes are interleaved for one SIMD scan
 #: the largest 16-bit accumulator sum the guard allows: 2¹⁶ − 1 less a float32-rounding allowance
 _ACCUMULATOR_MAX = 65535 * (1 - 1e-4)
-#: codes below which a single query's shards are scanned on the calling thread: handing a scan of well under
-#: a millisecond to another thread costs more than it saves (20k × 200 at 4 bits: 2 MB, 0.2 ms in faiss)
+#: codes below which a single query's shards are scanned on the calling thread: handing a short scan to another
+#: thread costs more than it saves (benchmarks/NOTES.md, "Constants")
 _PARALLEL_MIN_BYTES = 1 << 23
 
 

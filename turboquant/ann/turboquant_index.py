@@ -38,7 +38,6 @@ Search paths (``search_path``):
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -49,11 +48,12 @@ import torch
 import turboquant as tq
 from turboquant.ann.base import VectorIndex, as_float_tensor
 from turboquant.ann.scoring import CodeDecoder, candidate_scores, dense_scores, lut_scores, lut_tables, merge_top_k
+from turboquant.backends import ANN_SCORERS as SCORERS
+from turboquant.backends import ann_search_path
 
 __all__ = ["TurboQuantIndex", "SCORERS", "VARIANTS"]
 
 VARIANTS = ("mse", "prod")
-SCORERS = ("auto", "fastscan", "dense", "lut")
 _SMALL_BATCH = 16  # queries transformed on one thread (see _transform)
 _MAX_DIM = 1 << 16  # constructing a Haar rotation costs O(d³): a larger saved dim is refused before building
 
@@ -153,9 +153,7 @@ class TurboQuantIndex(VectorIndex):
         """The encoder ``add`` runs: ``"triton"``, ``"numba"`` (fused CPU encoder) or ``"torch"``. With
         ``backend="auto"``, "numba" holds for chunks of at least 65,536 coordinates (``chunk_size`` rows × dim);
         smaller chunks (a tiny ``add``) take the torch path, which is faster there."""
-        if self.quantizer._triton:
-            return "triton"
-        return "numba" if self.quantizer._numba else "torch"
+        return self.quantizer.backend_choice.chosen
 
     @property
     def kernel_search(self) -> bool:
@@ -173,18 +171,9 @@ class TurboQuantIndex(VectorIndex):
         return 4 % sum(stage.decoder.bits for stage in self._stages) == 0
 
     def _resolve_search_path(self) -> str:
-        if self.device.type != "cpu" or self.quantizer._triton:
-            return "device"
-        faiss_installed = importlib.util.find_spec("faiss") is not None
-        if self.scorer == "auto":
-            return "fastscan" if self.supports_fastscan and faiss_installed else "dense"
-        if self.scorer == "lut" and not self.supports_lut:
-            widths = [stage.decoder.bits for stage in self._stages]
-            raise ValueError(f"scorer='lut' needs code widths dividing 8, got {widths} bits (use scorer='dense')")
-        if self.scorer == "fastscan" and not (self.supports_fastscan and faiss_installed):
-            raise ValueError(f"scorer='fastscan' needs faiss and bits per coordinate dividing 4 (mse: 1, 2, 4; "
-                             f"prod: 2, 4), got variant={self.variant!r}, bits={self.bits} (use scorer='dense')")
-        return self.scorer
+        self.search_choice = ann_search_path(self.scorer, self.device, self.quantizer.backend_choice.chosen,
+                                             [stage.decoder.bits for stage in self._stages])
+        return self.search_choice.chosen
 
     def _make_stages(self) -> tuple[_Stage, ...]:
         return tuple(_Stage(codes_key=stage.codes, decoder=CodeDecoder(stage.centroids.cpu(), stage.bits, self.dim),

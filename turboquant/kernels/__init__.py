@@ -15,17 +15,15 @@ decode attention       :func:`decode_attention_triton` (``decode_attention``): f
 
 Every kernel reads and writes the library's packed layout (``turboquant.pack_codes``), so the
 quantizer classes can hand their tensors to a kernel without conversion. Importing this package does
-not import Triton; the entry points do, on first use. :func:`triton_available` says whether a kernel
-can run on a device (a CUDA device with Triton installed, or any device under ``TRITON_INTERPRET=1``,
-Triton's CPU interpreter, which the tests use).
+not import Triton; the entry points do, on first use. :func:`triton_available` (``turboquant.backends``, the
+capability table) says whether a kernel can run on a device (a CUDA device with Triton installed, or any device
+under ``TRITON_INTERPRET=1``, Triton's CPU interpreter, which the tests use).
 """
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
 
-import torch
+from ..backends import triton_available
 
 __all__ = [
     "decode_attention_groups_triton",
@@ -35,16 +33,6 @@ __all__ = [
     "quantize_prod_triton",
     "triton_available",
 ]
-
-
-def triton_available(device: torch.device | str) -> bool:
-    """True when the Triton kernels can run on tensors of ``device``."""
-    if importlib.util.find_spec("triton") is None:
-        return False
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return True
-    device = torch.device(device)
-    return device.type == "cuda" and torch.cuda.is_available()
 
 
 _ENTRY_POINTS = {

@@ -35,13 +35,11 @@ import torch
 import triton
 import triton.language as tl
 
-SUPPORTED_BITS = (1, 2, 3, 4)
+from ..backends import KERNEL_BITS, triton_available
 
 
 def check_device(device: torch.device) -> None:
     """ValueError unless a kernel can run on ``device`` (CUDA, or any device under TRITON_INTERPRET=1)."""
-    from . import triton_available
-
     if not triton_available(device):
         raise ValueError(f"the Triton kernels need a CUDA device (or TRITON_INTERPRET=1 for the CPU "
                          f"interpreter), got tensors on {device}")
@@ -49,8 +47,8 @@ def check_device(device: torch.device) -> None:
 
 def group_geometry(bits: int) -> tuple[int, int]:
     """Return ``(bytes_per_group, codes_per_group)`` for ``bits``-bit codes (``lcm(bits, 8)`` bits)."""
-    if bits not in SUPPORTED_BITS:
-        raise ValueError(f"the Triton kernels support bits in {SUPPORTED_BITS}, got {bits}")
+    if bits not in KERNEL_BITS:
+        raise ValueError(f"the Triton kernels support bits in {KERNEL_BITS}, got {bits}")
     group_bits = math.lcm(bits, 8)
     return group_bits // 8, group_bits // bits
 

@@ -8,10 +8,9 @@ For each row x the kernel computes, without writing any intermediate to memory:
 packs ``idx`` into the library's little-endian bit stream (see ``_layout``) and stores ``n``.
 
 Nearest centroid without a compare per midpoint. A chain of 2^b - 1 comparisons costs ~30 integer
-ops per coordinate at b = 4 (by count, about 8x the per-coordinate issue budget of an H200 SM at the
-copy bandwidth; not measured here). Instead ``y`` is mapped to a cell of a fine uniform grid over [-1, 1] (|y_j| <= 1 for a
-unit vector) fine enough that each cell holds at most one midpoint; a small table gives, per cell, the
-code of the cell's lower edge and that midpoint, so ``idx = base[cell] + (y > t[cell])``: one FMA, one
+ops per coordinate at b = 4, several times what a byte-bound kernel can issue per coordinate. Instead ``y`` is
+mapped to a cell of a fine uniform grid over [-1, 1] (|y_j| <= 1 for a unit vector) fine enough that each cell
+holds at most one midpoint; a small table gives, per cell, the code of the cell's lower edge and that midpoint, so ``idx = base[cell] + (y > t[cell])``: one FMA, one
 table load (L1-resident), one compare. The cell index is the low bits of ``y * a + (c + 1.5 * 2^23)``
 read as an int (round-to-nearest by the FMA itself, no float-to-int conversion). Both are packed into
 one int32 entry: the midpoint as float32 with its 4 low mantissa bits replaced by the base code, which
@@ -318,8 +317,8 @@ def quantize_mse_triton(
         return codes.reshape(*lead_shape, row_bytes), norms.reshape(lead_shape)
     table, lut_scale, lut_offset = nearest_operands(boundaries, nearest if lookup else "none", x.device)
     groups = num_groups(dim, bits)
-    # Rows wider than 128 take the K-loop path: a single 256-wide tile with its rotation slices needs up to
-    # 303 KB of shared memory on sm_90 (limit 227 KB; measured on the H200 at d = 129..256, 2-3 bits).
+    # Rows wider than 128 take the K-loop path: a single 256-wide tile with its rotation slices needs more
+    # shared memory than sm_90's 227 KB (benchmarks/NOTES.md, "Constants").
     block_k = pow2_at_least(dim) if dim <= 128 else 128
     block_g = min(pow2_at_least(groups), 64)
     groups_padded = triton.cdiv(groups, block_g) * block_g

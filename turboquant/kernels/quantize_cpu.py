@@ -307,8 +307,8 @@ def hadamard_state(rotation: RandomizedHadamard) -> tuple[np.ndarray, np.ndarray
     """(signs (rounds, d) float32, permutations (rounds, d) uint32, block p, log2 p, whether to permute):
     the arguments that :func:`hadamard_quantize` / :func:`hadamard_rotate` take for ``rotation``.
 
-    The permutations are unsigned so that numba's gathers skip the negative-index wrap-around test (the
-    three gathers of d = 1536 took ~1 µs each with int32 indices, about a quarter of the encoder)."""
+    The permutations are unsigned so that numba's gathers skip the negative-index wrap-around test
+    (benchmarks/NOTES.md, "Constants")."""
     signs = np.ascontiguousarray(rotation.signs.cpu().numpy(), dtype=np.float32)
     perms = np.ascontiguousarray(rotation.permutations.cpu().numpy(), dtype=np.uint32)
     block = int(rotation.block)

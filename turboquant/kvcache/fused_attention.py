@@ -30,9 +30,9 @@ Configurations. The kernel reads every TurboQuant layout of this package: TurboQ
 without the outlier channel split of the fractional-bit presets (2.5 / 3.5 bits: two channel groups per vector,
 each with its own rotation, codebook, bit width and norm, in a per-(row, KV head) channel order, which the kernel
 applies to the query and undoes on the output; see :mod:`turboquant.kernels.decode_attention` for the math).
-What remains, named by :func:`fused_decode_unsupported` and served by the workspace path instead: MSE codes wider
-than 4 bits (the kernels implement 1-4; TurboQuant_prod keys store ``bits - 1``-bit MSE codes, so prod runs up to 5),
-streams that are not TurboQuant codes, and devices where the Triton kernels do not run.
+What remains, named by :func:`turboquant.backends.decode_read_path` and served by the workspace path instead: MSE
+codes wider than 4 bits (the kernels implement 1-4; TurboQuant_prod keys store ``bits - 1``-bit MSE codes, so prod
+runs up to 5), streams that are not TurboQuant codes, and devices where the Triton kernels do not run.
 
 At run time a decode step also takes the torch path (decode the packed store, then the model's attention) when
 the attention mask hides some cached token (left-padded batches: the kernel has no per-token mask) and for a
@@ -42,7 +42,7 @@ exactly as the workspace path.
 
 This module holds the math of the read path (pure functions over the layer's encoders and fields); the layer is
 :class:`~turboquant.kvcache.turboquant_cache.TurboQuantLayer` built with ``fused_decode=True`` (or ``"auto"``:
-fused where :func:`fused_decode_unsupported` finds no reason against it), and its decode steps reach it through
+fused where ``TurboQuantCacheConfig.read_path`` finds no reason against it), and its decode steps reach it through
 the attention function of :func:`turboquant.kvcache.attach`::
 
     cache = build_cache("turboquant", model.config, key_bits=4, value_bits=4, fused_decode=True)
@@ -58,42 +58,13 @@ from typing import TYPE_CHECKING
 import torch
 
 import turboquant as tq
-from turboquant.kernels import triton_available
 from turboquant.kvcache.stream import Fields
 
 if TYPE_CHECKING:  # the kernel module imports Triton: at run time only where a kernel runs
     from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup
-    from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig, TurboQuantEncoder
+    from turboquant.kvcache.turboquant_cache import TurboQuantEncoder
 
-__all__ = ["KERNEL_BITS", "DecodeStep", "cache_format", "decode_step_attention", "fused_decode_unsupported",
-           "hides_tokens"]
-
-KERNEL_BITS = (1, 2, 3, 4)
-
-
-def fused_decode_unsupported(config: TurboQuantCacheConfig, device: torch.device | str | None = None) -> str | None:
-    """None when the decode kernel computes attention for this configuration exactly (on ``device``, when given),
-    else the reason: no Triton kernel on the device (CUDA, or ``TRITON_INTERPRET=1``), a stream that is not
-    TurboQuant codes (FP8 keys, uniform values) or an MSE code width above the kernels' 4 bits (TurboQuant_prod
-    keys store ``bits - 1``-bit MSE codes and 1-bit QJL signs)."""
-    if device is not None and not triton_available(device):
-        return f"the Triton kernels cannot run on {device} (CUDA with Triton, or TRITON_INTERPRET=1)"
-    if config.key_format != "turboquant" or config.value_format != "turboquant":
-        return (f"key_format={config.key_format!r}, value_format={config.value_format!r}: the decode kernel reads "
-                "TurboQuant codes only")
-    qjl = int(config.key_variant == "prod")
-    widths = [("key_bits", config.key_bits, qjl), ("value_bits", config.value_bits, 0)]
-    if config.outlier_channels:
-        widths.append(("outlier_key_bits", config.outlier_key_bits_resolved, qjl))
-        if config.value_outliers:
-            widths.append(("outlier_value_bits", config.outlier_value_bits_resolved, 0))
-    for name, bits, qjl_bits in widths:
-        if bits - qjl_bits > KERNEL_BITS[-1]:
-            stored = f" ({bits - qjl_bits}-bit MSE codes + QJL signs)" if qjl_bits else ""
-            return (f"{name}={bits}{stored}: the decode kernel reads MSE codes of "
-                    f"{KERNEL_BITS[0]}-{KERNEL_BITS[-1]} bits")
-    return None
-
+__all__ = ["DecodeStep", "cache_format", "decode_step_attention", "hides_tokens"]
 
 @dataclass
 class DecodeStep:

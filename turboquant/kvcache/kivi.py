@@ -54,48 +54,36 @@ def asymmetric_quantize(groups: torch.Tensor, bits: int, dim: int) -> tuple[torc
     return codes, scale, zero
 
 
-class KIVIKeyEncoder(Encoder):
-    """Per-channel quantization over blocks of ``group_size`` tokens (chunks are whole blocks)."""
+class KIVIEncoder(Encoder):
+    """Asymmetric ``bits``-bit quantization over groups of ``group_size`` entries: along tokens
+    (``along="tokens"``, KIVI's keys: per channel, over blocks of consecutive tokens, so chunks are whole blocks) or
+    along channels (``along="channels"``, KIVI's values: per token, over groups of consecutive channels)."""
 
-    def __init__(self, bits: int, group_size: int, dim: int) -> None:
-        self.bits, self.group_size, self.dim = bits, group_size, dim
+    def __init__(self, bits: int, group_size: int, dim: int, along: str) -> None:
+        if along not in ("tokens", "channels"):
+            raise ValueError(f"along must be 'tokens' or 'channels', got {along!r}")
+        self.bits, self.group_size, self.dim, self.along = bits, group_size, dim, along
+
+    def _groups(self, batch: int, heads: int, tokens: int) -> tuple[tuple[int, ...], int]:
+        """The shape that puts each group on its own axis, and that axis."""
+        g = self.group_size
+        if self.along == "channels":
+            return (batch, heads, tokens, self.dim // g, g), 4
+        if tokens % g:
+            raise ValueError(f"KIVI key blocks must be whole groups of {g} tokens, got {tokens}")
+        return (batch, heads, tokens // g, g, self.dim), 3
 
     def encode(self, x: torch.Tensor) -> Fields:
-        batch, heads, tokens, dim = x.shape
-        if tokens % self.group_size:
-            raise ValueError(f"KIVI key blocks must be whole groups of {self.group_size} tokens, got {tokens}")
-        grouped = x.reshape(batch, heads, tokens // self.group_size, self.group_size, dim)
-        codes, scale, zero = asymmetric_quantize(grouped, self.bits, dim=3)
-        packed = tq.pack_codes(codes.reshape(batch, heads, tokens, dim), self.bits)
-        return {"codes": packed, "scale": scale.squeeze(3), "zero": zero.squeeze(3)}
+        shape, axis = self._groups(*x.shape[:3])
+        codes, scale, zero = asymmetric_quantize(x.reshape(shape), self.bits, dim=axis)
+        packed = tq.pack_codes(codes.reshape(x.shape), self.bits)
+        return {"codes": packed, "scale": scale.squeeze(axis), "zero": zero.squeeze(axis)}
 
     def decode(self, fields: Fields) -> torch.Tensor:
         codes = tq.unpack_codes(fields["codes"], self.bits, self.dim).float()
-        batch, heads, tokens, dim = codes.shape
-        grouped = codes.reshape(batch, heads, tokens // self.group_size, self.group_size, dim)
-        out = grouped * fields["scale"].float().unsqueeze(3) + fields["zero"].float().unsqueeze(3)
-        return out.reshape(batch, heads, tokens, dim)
-
-
-class KIVIValueEncoder(Encoder):
-    """Per-token quantization over groups of ``group_size`` consecutive channels."""
-
-    def __init__(self, bits: int, group_size: int, dim: int) -> None:
-        self.bits, self.group_size, self.dim = bits, group_size, dim
-
-    def encode(self, x: torch.Tensor) -> Fields:
-        batch, heads, tokens, dim = x.shape
-        grouped = x.reshape(batch, heads, tokens, dim // self.group_size, self.group_size)
-        codes, scale, zero = asymmetric_quantize(grouped, self.bits, dim=4)
-        packed = tq.pack_codes(codes.reshape(batch, heads, tokens, dim), self.bits)
-        return {"codes": packed, "scale": scale.squeeze(4), "zero": zero.squeeze(4)}
-
-    def decode(self, fields: Fields) -> torch.Tensor:
-        codes = tq.unpack_codes(fields["codes"], self.bits, self.dim).float()
-        batch, heads, tokens, dim = codes.shape
-        grouped = codes.reshape(batch, heads, tokens, dim // self.group_size, self.group_size)
-        out = grouped * fields["scale"].float().unsqueeze(4) + fields["zero"].float().unsqueeze(4)
-        return out.reshape(batch, heads, tokens, dim)
+        shape, axis = self._groups(*codes.shape[:3])
+        out = codes.reshape(shape) * fields["scale"].float().unsqueeze(axis) + fields["zero"].float().unsqueeze(axis)
+        return out.reshape(codes.shape)
 
 
 class KIVILayer(StreamLayer):
@@ -119,10 +107,11 @@ class KIVILayer(StreamLayer):
             raise ValueError(f"KIVI group_size {self.group_size} must divide head_dim {self.head_dim}")
         common = {"fp_dtype": self.fp_dtype, "compute_dtype": self.compute_dtype, "keep_workspace": self.keep_workspace}
         self.key_stream = QuantizedStream(
-            KIVIKeyEncoder(self.bits, self.group_size, self.head_dim), self.residual_length, "block", **common
+            KIVIEncoder(self.bits, self.group_size, self.head_dim, "tokens"), self.residual_length, "block", **common
         )
         self.value_stream = QuantizedStream(
-            KIVIValueEncoder(self.bits, self.group_size, self.head_dim), self.residual_length, "sliding", **common
+            KIVIEncoder(self.bits, self.group_size, self.head_dim, "channels"), self.residual_length, "sliding",
+            **common
         )
 
     def expected_nbytes(self) -> int:

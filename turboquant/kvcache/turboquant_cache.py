@@ -81,18 +81,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import turboquant as tq
+from turboquant.backends import Choice, KernelStream, decode_read_path
 from turboquant.kvcache.base import CompressedCache, peak_ratio_over, tensor_nbytes
 from turboquant.kvcache.factory import ModelShape, register_method
-from turboquant.kernels import triton_available
 from turboquant.kvcache.full import FullPrecisionLayer
-from turboquant.kvcache.fused_attention import (
-    DecodeStep,
-    cache_format,
-    decode_step_attention,
-    fused_decode_unsupported,
-    hides_tokens,
-)
-from turboquant.kvcache.kivi import KIVIValueEncoder
+from turboquant.kvcache.fused_attention import DecodeStep, cache_format, decode_step_attention, hides_tokens
+from turboquant.kvcache.kivi import KIVIEncoder
 from turboquant.kvcache.stream import (
     Encoder,
     Fields,
@@ -190,6 +184,22 @@ class TurboQuantCacheConfig:
     @property
     def outlier_value_bits_resolved(self) -> int:
         return self.value_bits + 1 if self.outlier_value_bits is None else self.outlier_value_bits
+
+    def kernel_streams(self) -> list[KernelStream]:
+        """The stored streams as the decode kernel would read them (:func:`turboquant.backends.decode_read_path`)."""
+        qjl = self.key_variant == "prod"
+        streams = [KernelStream("key", self.key_format, self.key_bits, qjl),
+                   KernelStream("value", self.value_format, self.value_bits)]
+        if self.outlier_channels:
+            streams.append(KernelStream("outlier_key", self.key_format, self.outlier_key_bits_resolved, qjl))
+            if self.value_outliers:
+                streams.append(KernelStream("outlier_value", self.value_format, self.outlier_value_bits_resolved))
+        return streams
+
+    def read_path(self, fused_decode: bool | str = "auto", device: torch.device | str | None = None) -> Choice:
+        """Which read path serves decode attention over this configuration's layers (on ``device``, when given),
+        and why the other does not: :func:`turboquant.backends.decode_read_path`."""
+        return decode_read_path(fused_decode, device, self.kernel_streams())
 
     def check_head_dim(self, head_dim: int) -> None:
         if self.outlier_channels >= head_dim:
@@ -365,7 +375,7 @@ def _stream_encoder(config: TurboQuantCacheConfig, stream: str, head_dim: int, s
     if stream == "key" and config.key_format == "fp8":
         return FP8Encoder()
     if stream == "value" and config.value_format == "uniform":
-        return KIVIValueEncoder(config.value_bits, group_size=head_dim, dim=head_dim)  # one group per vector
+        return KIVIEncoder(config.value_bits, group_size=head_dim, dim=head_dim, along="channels")  # one group / vector
     variant = config.key_variant if stream == "key" else "mse"
     return TurboQuantEncoder(head_dim, config.groups(head_dim, stream), variant, config.rotation, seed, device,
                              center=stream == "key" and config.center_keys, norm_correction=config.norm_correction)
@@ -390,9 +400,8 @@ class TurboQuantLayer(StreamLayer):
         if fused_decode and decode_fn is not None:
             raise ValueError("decode_fn is the workspace path's decode hook; with fused_decode=True attention reads "
                              "the packed fields in the kernel, so give one or the other")
-        reason = fused_decode_unsupported(config) if fused_decode else None
-        if reason is not None:
-            raise ValueError(f"fused_decode=True cannot serve this TurboQuant configuration: {reason}")
+        if fused_decode:
+            config.read_path(True)  # ValueError with the reason when the kernel cannot read this configuration
         self.config, self.keep_workspace, self.decode_fn = config, keep_workspace, decode_fn
         self.fused_decode = fused_decode
         self.fused = False  # set at the first update: fused_decode and the kernel runs on the device
@@ -401,7 +410,7 @@ class TurboQuantLayer(StreamLayer):
     def _initialize(self) -> None:
         config, d = self.config, self.head_dim
         config.check_head_dim(d)
-        self.fused = self.fused_decode and triton_available(self.device)
+        self.fused = self.fused_decode and config.read_path("auto", self.device).chosen == "fused"
         self.keep_workspace = self.keep_workspace and not self.fused
         seed = config.seed + 1000 * self.layer_idx
         streams = {}
@@ -540,7 +549,7 @@ def build_turboquant_cache(
     ``fused_decode`` chooses the read path of the quantized layers once (:class:`TurboQuantLayer`): ``True``
     answers decode steps inside ``attach(model, cache)`` by the Triton kernel reading the packed codes, with no
     decoded workspace (a configuration the kernel cannot serve raises ``ValueError`` with the reason from
-    ``fused_decode_unsupported``); ``"auto"`` does so where the kernel serves the configuration and the workspace
+    ``TurboQuantCacheConfig.read_path``); ``"auto"`` does so where the kernel serves the configuration and the workspace
     elsewhere; ``False`` keeps the workspace. It is an option of this method rather than a method of its own
     because it changes how attention *reads* the store, not what is stored: the codes, the bytes, the byte
     formula and the method name in result rows are the same, as for ``keep_workspace`` and ``decode_fn``, the
@@ -571,7 +580,8 @@ def build_turboquant_cache(
     config = TurboQuantCacheConfig(**{**preset, **options})
     config.check_head_dim(shape.head_dim)
     full = full_precision_layers(config, shape.num_layers)
-    fused = (fused_decode_unsupported(config) is None and decode_fn is None) if fused_decode == "auto" else fused_decode
+    fused = (config.read_path("auto").chosen == "fused" and decode_fn is None) if fused_decode == "auto" \
+        else fused_decode
 
     def quantized_layer(index: int) -> TurboQuantLayer:
         return TurboQuantLayer(index, config, fp_dtype, keep_workspace=keep_workspace, decode_fn=decode_fn,

@@ -15,7 +15,7 @@ import torch
 from ...codebook import symmetric_codebook
 from ...codes import QuantizedVectors
 from ...packing import packed_size
-from .._layout import SUPPORTED_BITS, group_geometry, num_groups, pow2_at_least
+from .._layout import KERNEL_BITS, group_geometry, num_groups, pow2_at_least
 
 MAX_CHANNEL_GROUPS = 2
 
@@ -35,8 +35,8 @@ class ChannelGroup:
     qjl_scale: float | None = None
 
     def __post_init__(self) -> None:
-        if self.bits not in (0, *SUPPORTED_BITS):
-            raise ValueError(f"the decode kernel reads MSE codes of {SUPPORTED_BITS[0]}-{SUPPORTED_BITS[-1]} bits "
+        if self.bits not in (0, *KERNEL_BITS):
+            raise ValueError(f"the decode kernel reads MSE codes of {KERNEL_BITS[0]}-{KERNEL_BITS[-1]} bits "
                              f"(0 with a QJL sketch), got bits={self.bits}")
         if self.bits == 0 and self.sketch is None:
             raise ValueError("a channel group with bits=0 needs a QJL sketch (TurboQuant_prod at 1 bit)")
