@@ -59,8 +59,8 @@ class CodeDecoder:
     def decode(self, packed: np.ndarray) -> np.ndarray:
         """(n, bytes_per_row) uint8 -> (n, padded_dim) float32 centroid values.
 
-        ``np.take`` with the uint8 codes as indices was the fastest gather measured on a 2-core x86 CPU
-        (about 4× torch advanced indexing, which first widens the indices to int64).
+        ``np.take`` with the uint8 codes as indices (torch advanced indexing first widens them to int64;
+        benchmarks/NOTES.md, "Constants").
         """
         if self.byte_aligned:
             return np.take(self.byte_table, packed, axis=0).reshape(packed.shape[0], self.padded_dim)

@@ -38,9 +38,9 @@ import triton.language as tl
 
 DECODERS = ("auto", "table", "select", "prmt")
 
-# The fewest tokens of a tile that :func:`channel_order_tile` is used in: on the H200 (Triton 3.6) a 16-token tile
-# decoded in channel order gave wrong attention outputs with every decoder, 64- and 128-token tiles exact values
-# (benchmarks/NOTES.md, Session 10); smaller tiles decode 3-bit codes per code position instead.
+# The fewest tokens of a tile that :func:`channel_order_tile` is used in: a 16-token tile decoded in channel order
+# gave wrong attention outputs on the GPU with every decoder (benchmarks/NOTES.md, Session 10); smaller tiles
+# decode 3-bit codes per code position instead.
 CHANNEL_ORDER_MIN_TOKENS = tl.constexpr(64)
 
 
