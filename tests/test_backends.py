@@ -1,6 +1,5 @@
 """The capability table (turboquant.backends): which candidate serves, in what order, and the reasons given."""
 import pytest
-import torch
 
 from turboquant import backends
 from turboquant.backends import KernelStream, ann_search_path, decode_read_path, quantizer_backend
@@ -67,8 +66,8 @@ def test_decode_read_path():
             decode_read_path(bad, None, four)
 
 
-def test_the_table_prints(capsys):
-    backends._print_table(torch.device("cpu"))
-    out = capsys.readouterr().out
-    assert "TurboQuantMSE(bits=8)" in out and "TurboQuantProd(bits=2)" in out and "K5/V5 cache" in out
-    assert "decode read path: workspace" in out  # K5/V5: no kernel
+def test_the_table():
+    table = backends.capability_table("cpu")
+    assert "TurboQuantMSE(bits=8)" in table and "TurboQuantProd(bits=2)" in table
+    assert "K4/V4 cache              decode read path: fused" in table  # judged by the configuration alone
+    assert "K5/V5 cache              decode read path: workspace (fused: key_bits=5" in table

@@ -19,7 +19,7 @@ can. Every candidate computes the same quantity: the Triton and numba encoders r
 except for coordinates within fp16 / float32 rounding of a Lloyd-Max midpoint (Eq. 4's boundaries), and the
 fused decode kernel computes the workspace path's attention to float32 rounding.
 
-``python -m turboquant.backends`` prints the table for this machine.
+``python -m turboquant`` prints the table for this machine (:func:`capability_table`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KERNEL_BITS", "QUANTIZER_BACKENDS", "Choice", "KernelStream", "ann_search_path", "decode_read_path",
-           "numba_available", "quantizer_backend", "triton_available"]
+__all__ = ["KERNEL_BITS", "QUANTIZER_BACKENDS", "Choice", "KernelStream", "ann_search_path", "capability_table",
+           "decode_read_path", "numba_available", "quantizer_backend", "triton_available"]
 
 #: Code widths the Triton kernels read and write (``turboquant.kernels._layout``: lcm(b, 8)-bit groups).
 KERNEL_BITS = (1, 2, 3, 4)
@@ -203,17 +203,17 @@ def decode_read_path(requested: bool | str, device: torch.device | str | None,
     return _decide("decode read path", wanted, {"fused": fused, "workspace": None}, f"fused_decode={requested!r}")
 
 
-def _print_table(device: torch.device) -> None:
-    """Every quantizer configuration at d = 128 under ``backend="auto"``, and the read path of uniform K/V widths."""
-    print(f"device {device}: triton {triton_available(device)}, numba {numba_available()}")
+def capability_table(device: torch.device | str) -> str:
+    """The table for ``device``: every quantizer at d = 128 under ``backend="auto"``, and the decode read path of
+    K/V caches of 2-5 bits judged by their configuration alone (the device's part is the first line)."""
+    device = torch.device(device)
+    lines = [f"device {device}: Triton kernels {'run' if triton_available(device) else 'do not run'} here; "
+             f"numba {'installed' if numba_available() else 'not installed'}"]
     for prod in (False, True):
-        for bits in range(1 if not prod else 2, 9):
+        for bits in range(2 if prod else 1, 9):
             name = f"TurboQuant{'Prod' if prod else 'MSE'}(bits={bits})"
-            print(f"  {name:<24} {quantizer_backend('auto', device, mse_bits=bits - prod, dim=128, prod=prod)}")
+            lines.append(f"  {name:<24} {quantizer_backend('auto', device, mse_bits=bits - prod, dim=128, prod=prod)}")
     for bits in (2, 3, 4, 5):
         streams = [KernelStream("key", "turboquant", bits), KernelStream("value", "turboquant", bits)]
-        print(f"  {'K' + str(bits) + '/V' + str(bits) + ' cache':<24} {decode_read_path('auto', device, streams)}")
-
-
-if __name__ == "__main__":
-    _print_table(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        lines.append(f"  {f'K{bits}/V{bits} cache':<24} {decode_read_path('auto', None, streams)}")
+    return "\n".join(lines)
