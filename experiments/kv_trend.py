@@ -10,6 +10,10 @@ differences (the prompts' difficulty cancels):
 * RULER: one pair per (task, context, sample), every stored context (scores 0-100);
 * LongBench-style: one pair per (task, sample, context budget), x 100.
 
+Each gap carries issue 18's verdict on "within 0.02 of full" (:data:`BAR_POINTS` = 2 points on these 0-100
+scales), read off the gap's 95% interval (± 2 paired SE): ``within`` when the whole interval lies inside ± 2 points,
+``outside`` when it lies wholly beyond them, ``undecided`` when it straddles the bar (more pairs would decide).
+
 Per (experiment, model) the most recently updated run with full-cache rows counts (as in
 :mod:`experiments.compare`); runs on random weights (the paper-scale dry run) are not scores of a model. A gap that rests on fewer than
 :data:`MIN_PAIRS` pairs is left out.
@@ -34,7 +38,8 @@ from experiments.coverage import GridCoverage
 from experiments.needle.table import HANDLED_SCORE, handled_contexts
 from experiments.plotting import figure_style, save_figure
 
-__all__ = ["BENCHMARKS", "TREND_METHODS", "MIN_PAIRS", "paired_gap", "trend_table", "write_trend", "plot_trend"]
+__all__ = ["BAR_POINTS", "BENCHMARKS", "TREND_METHODS", "MIN_PAIRS", "bar_verdict", "paired_gap", "trend_table",
+           "write_trend", "plot_trend"]
 
 #: benchmark -> (experiment, pairing keys, score scale to points)
 BENCHMARKS: dict[str, tuple[str, tuple[str, ...], float]] = {
@@ -47,6 +52,9 @@ TREND_METHODS = ("turboquant_3p5_window", "turboquant_2p5_window", "turboquant_3
                  "turboquant_3p5_window_layer0", "turboquant_4bit_nc", "kivi")
 FULL = "full"
 MIN_PAIRS = 5
+#: issue 18's bar for "matches the full cache": within 0.02 of it, i.e. 2 points on a 0-100 scale
+BAR_POINTS = 2.0
+_MARKS = {"within": "✓", "outside": "✗", "undecided": "?"}
 _METHOD_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "method"
 
 
@@ -60,6 +68,18 @@ def paired_gap(rows: pd.DataFrame, method: str, keys: Sequence[str], reference: 
     n = len(diff)
     se = float(diff.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
     return (float(diff.mean()) if n else float("nan")), se, n
+
+
+def bar_verdict(gap: float, se: float, bar: float = BAR_POINTS) -> str:
+    """``within`` when gap ± 2 SE lies inside ± ``bar``, ``outside`` when it lies wholly beyond it, else
+    ``undecided`` (an SE of NaN, from a single pair, decides nothing)."""
+    if not math.isfinite(se):
+        return "undecided"
+    if abs(gap) + 2 * se <= bar:
+        return "within"
+    if abs(gap) - 2 * se > bar:
+        return "outside"
+    return "undecided"
 
 
 def _parameters(run: ExperimentRun) -> float:
@@ -109,9 +129,10 @@ def trend_table(results_dir: str | Path) -> tuple[pd.DataFrame, GridCoverage]:
                 used[run.label] = run
                 rows.append({"benchmark": benchmark, "model": model, "model_label": frame["model_label"].iloc[0],
                              "parameters": _parameters(run), "method": method, "method_label": _label(method),
-                             "gap": gap * scale, "gap_se": se * scale, "pairs": n, "run": run.label, "where": where})
+                             "gap": gap * scale, "gap_se": se * scale, "pairs": n,
+                             "within_2_points": bar_verdict(gap * scale, se * scale), "run": run.label, "where": where})
     columns = ["benchmark", "model", "model_label", "parameters", "method", "method_label", "gap", "gap_se", "pairs",
-               "run", "where"]
+               "within_2_points", "run", "where"]
     table = pd.DataFrame(rows, columns=columns).sort_values(["benchmark", "parameters", "method"], kind="stable")
     return table, GridCoverage(tuple(r for run in used.values() for r in run.coverage.reduced))
 
@@ -128,7 +149,9 @@ def write_trend(table: pd.DataFrame, coverage: GridCoverage, directory: str | Pa
     lines = ["# " + title.replace("\n", " — "), "",
              "Points (score x 100 for the needle and LongBench-style), method - full cache on the same prompts, "
              "± paired SE, [pairs]; per model the latest committed run. Needle: only the contexts where the full "
-             f"cache scores >= {HANDLED_SCORE}. A blank cell: no committed run, or fewer than {MIN_PAIRS} pairs.", ""]
+             f"cache scores >= {HANDLED_SCORE}. A blank cell: no committed run, or fewer than {MIN_PAIRS} pairs.",
+             "", f"Within {BAR_POINTS:g} points of the full cache (issue 18's 0.02), by the gap ± 2 paired SE: ✓ the "
+             "whole interval inside, ✗ wholly outside, ? it straddles the bar.", ""]
     for benchmark in BENCHMARKS:
         rows = table[table["benchmark"] == benchmark]
         lines.append(f"## {benchmark}")
@@ -143,7 +166,8 @@ def write_trend(table: pd.DataFrame, coverage: GridCoverage, directory: str | Pa
             for model in models["model"]:
                 hit = rows[(rows["method"] == method) & (rows["model"] == model)]
                 cells.append("" if hit.empty else
-                             f"{hit['gap'].iloc[0]:+.1f} ± {hit['gap_se'].iloc[0]:.1f} [{hit['pairs'].iloc[0]}]")
+                             f"{hit['gap'].iloc[0]:+.1f} ± {hit['gap_se'].iloc[0]:.1f} [{hit['pairs'].iloc[0]}] "
+                             f"{_MARKS[hit['within_2_points'].iloc[0]]}")
             if any(cells):
                 label = rows.loc[rows["method"] == method, "method_label"].iloc[0]
                 lines.append(f"| {label} | " + " | ".join(cells) + " |")

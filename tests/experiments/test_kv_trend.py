@@ -84,3 +84,14 @@ def test_a_method_keeps_its_colour_in_every_panel(tmp_path: Path, monkeypatch) -
     seen = {label: handle[0].get_color()
             for ax in drawn[0].axes for handle, label in zip(*ax.get_legend_handles_labels())}
     assert seen == {m: colors[kv_trend.TREND_METHODS.index(m) % len(colors)] for m in ("turboquant_3p5_window", "kivi")}
+
+
+def test_the_bar_verdict_reads_the_95_percent_interval() -> None:
+    from experiments.kv_trend import bar_verdict
+
+    assert bar_verdict(-0.94, 0.44) == "within"       # (-1.82, -0.06) inside ±2
+    assert bar_verdict(-2.9, 0.8) == "undecided"      # (-4.5, -1.3) straddles -2
+    assert bar_verdict(-73.4, 2.0) == "outside"
+    assert bar_verdict(0.0, 0.0) == "within"
+    assert bar_verdict(1.0, float("nan")) == "undecided"
+    assert bar_verdict(-2.5, 0.2) == "outside"
