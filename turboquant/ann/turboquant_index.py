@@ -140,7 +140,9 @@ class TurboQuantIndex(VectorIndex):
         self.quantizer = quantizer_cls(self.dim, self.bits, rotation=rotation, seed=self.seed, backend=backend,
                                        device=self.device)
         self._stages = self._make_stages()
-        self.search_path = self._resolve_search_path()
+        self.search_choice = ann_search_path(self.scorer, self.device, self.quantizer.backend_choice.chosen,
+                                             [stage.decoder.bits for stage in self._stages])
+        self.search_path = self.search_choice.chosen  # which scorer reads the codes (turboquant.backends)
         self._reset()
 
     # ------------------------------------------------------------------ structure
@@ -169,11 +171,6 @@ class TurboQuantIndex(VectorIndex):
     def supports_fastscan(self) -> bool:
         """Whether the stages' bits per coordinate divide 4 (the fast-scan sub-quantizer code width)."""
         return 4 % sum(stage.decoder.bits for stage in self._stages) == 0
-
-    def _resolve_search_path(self) -> str:
-        self.search_choice = ann_search_path(self.scorer, self.device, self.quantizer.backend_choice.chosen,
-                                             [stage.decoder.bits for stage in self._stages])
-        return self.search_choice.chosen
 
     def _make_stages(self) -> tuple[_Stage, ...]:
         return tuple(_Stage(codes_key=stage.codes, decoder=CodeDecoder(stage.centroids.cpu(), stage.bits, self.dim),
