@@ -178,7 +178,8 @@ def write_trend(table: pd.DataFrame, coverage: GridCoverage, directory: str | Pa
 
 
 def plot_trend(table: pd.DataFrame, coverage: GridCoverage, figures_dir: str | Path) -> list[Path]:
-    """One panel per benchmark: gap ± paired SE against parameters (log axis), one line per method."""
+    """One panel per benchmark: gap ± paired SE against parameters (log axis), one line per method, the band of
+    ± :data:`BAR_POINTS` shaded."""
     if table.empty:
         raise ValueError("no committed needle / RULER / LongBench-style rows with a full-cache reference")
     with figure_style():
@@ -197,6 +198,8 @@ def plot_trend(table: pd.DataFrame, coverage: GridCoverage, figures_dir: str | P
                             color=colors[index % len(colors)],
                             label=method)  # the method's config name: its label does not fit a legend
             ax.axhline(0, color="k", lw=0.8)
+            ax.axhspan(-BAR_POINTS, BAR_POINTS, color="0.85", zorder=0,
+                       label=f"within {BAR_POINTS:g} points (issue 18's 0.02)")
             ax.set_xscale("log")
             ax.set_xlim(*span)
             ax.set(xlabel="parameters", ylabel="gap to the full cache (points)", title=benchmark)
