@@ -263,6 +263,17 @@ def plot(df: pd.DataFrame, out: Path) -> list[Path]:
         return save_figure(fig, out, "ann_qps_recall")
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", nargs="+", default=["200:4", "1536:4", "1536:2", "3072:4"],
@@ -286,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     set_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "ann_search.json"
-    header = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    header = {"cpu": _cpu_name(), "cores": os.cpu_count(),
               "threads": args.threads, "faiss": faiss.__version__,
               "command": "python -m benchmarks.bench_ann_search " + " ".join(sys.argv[1:] if argv is None else argv)}
     saved = json.loads(path.read_text()) if path.exists() else {"header": header, "rows": []}
