@@ -228,7 +228,8 @@ class FastScanCodes:
             scores, ids = shard.search(queries, min(k, int(shard.ntotal)))
             return scores, ids * len(self._shards) + s
 
-        # faiss scans one query on one thread, and splits a batch of queries over its own threads
+        # a query per shard thread: faiss scanned one query on one thread where this was tuned, and splits a batch
+        # over its own threads (benchmarks/NOTES.md, issue 17: not so on every CPU)
         parallel = queries.shape[0] < len(shards) and self.ntotal * self.layout.code_size >= _PARALLEL_MIN_BYTES
         results = self.map(scan, shards) if parallel else [scan(item) for item in shards]
         scores = np.concatenate([r[0] for r in results], axis=1)
