@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["KERNEL_BITS", "QUANTIZER_BACKENDS", "Choice", "KernelStream", "ann_search_path", "capability_table",
-           "decode_read_path", "numba_available", "quantizer_backend", "triton_available"]
+           "decode_read_path", "fastscan_layout", "lut_layout", "numba_available", "quantizer_backend",
+           "triton_available", "triton_unavailable"]
 
 #: Code widths the Triton kernels read and write (``turboquant.kernels._layout``: lcm(b, 8)-bit groups).
 KERNEL_BITS = (1, 2, 3, 4)
@@ -80,12 +81,23 @@ def numba_available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
-def _triton_reason(device: torch.device) -> str | None:
+def triton_unavailable(device: torch.device | str) -> str | None:
+    """Why no Triton kernel runs on ``device``, or None when one does (:func:`triton_available`)."""
     if importlib.util.find_spec("triton") is None:
         return "Triton is not installed"
     if not triton_available(device):
-        return f"no Triton kernel runs on {device} (CUDA, or TRITON_INTERPRET=1)"
+        return f"no Triton kernel runs on {device} (a CUDA device, or TRITON_INTERPRET=1)"
     return None
+
+
+def lut_layout(stage_bits: Sequence[int]) -> bool:
+    """Whether byte lookup tables can score codes of these stage widths (each divides 8: whole codes per byte)."""
+    return all(8 % bits == 0 for bits in stage_bits)
+
+
+def fastscan_layout(stage_bits: Sequence[int]) -> bool:
+    """Whether the stages' bits per coordinate divide 4, the width of a fast-scan sub-quantizer code."""
+    return 4 % sum(stage_bits) == 0
 
 
 def _decide(decision: str, requested: str | None, reasons: dict[str, str | None], asked: str) -> Choice:
@@ -115,7 +127,7 @@ def quantizer_backend(requested: str, device: torch.device | str, *, mse_bits: i
     if requested not in QUANTIZER_BACKENDS:
         raise ValueError(f"backend must be one of {QUANTIZER_BACKENDS}, got {requested!r}")
     device = torch.device(device)
-    triton = _triton_reason(device)
+    triton = triton_unavailable(device)
     if triton is None and mse_bits > KERNEL_BITS[-1]:
         triton = f"the kernels' codes are {KERNEL_BITS[0]}-{KERNEL_BITS[-1]} bits, this quantizer's {mse_bits}"
     if triton is None and prod and dim > PROD_KERNEL_MAX_DIM:
@@ -149,14 +161,14 @@ def ann_search_path(scorer: str, device: torch.device | str, quantizer: str, sta
         where = f"codes on {device}" if device.type != "cpu" else "the quantizer's backend is Triton"
         return Choice("ANN search path", "device", tuple((name, f"{where}: the quantizer's kernels score them")
                                                          for name in ("fastscan", "lut", "dense")))
-    lut = None if all(8 % bits == 0 for bits in stage_bits) else \
+    lut = None if lut_layout(stage_bits) else \
         f"scorer='lut' needs code widths dividing 8, got {list(stage_bits)} bits"
     if scorer == "auto" and lut is None:
         lut = "scorer='auto' takes fast-scan where it exists, else dense"
     fastscan = None
     if importlib.util.find_spec("faiss") is None:
         fastscan = "scorer='fastscan' needs faiss (pip install faiss-cpu)"
-    elif 4 % sum(stage_bits) != 0:
+    elif not fastscan_layout(stage_bits):
         fastscan = (f"scorer='fastscan' needs bits per coordinate dividing 4 (mse: 1, 2, 4; prod: 2, 4), got "
                     f"{sum(stage_bits)}")
     reasons = {"device": "the codes are on the CPU and the quantizer's backend is not Triton",
@@ -188,7 +200,7 @@ def decode_read_path(requested: bool | str, device: torch.device | str | None,
     """
     if requested not in (True, False, "auto") or not isinstance(requested, (bool, str)):
         raise ValueError(f"fused_decode must be one of (True, False, 'auto'), got {requested!r}")
-    fused = None if device is None else _triton_reason(torch.device(device))
+    fused = None if device is None else triton_unavailable(device)
     others = [s for s in streams if s.format != "turboquant"]
     if fused is None and others:
         fused = (", ".join(f"{s.name}_format={s.format!r}" for s in others)

@@ -49,7 +49,7 @@ import turboquant as tq
 from turboquant.ann.base import VectorIndex, as_float_tensor
 from turboquant.ann.scoring import CodeDecoder, candidate_scores, dense_scores, lut_scores, lut_tables, merge_top_k
 from turboquant.backends import ANN_SCORERS as SCORERS
-from turboquant.backends import ann_search_path
+from turboquant.backends import ann_search_path, fastscan_layout, lut_layout
 
 __all__ = ["TurboQuantIndex", "SCORERS", "VARIANTS"]
 
@@ -165,12 +165,12 @@ class TurboQuantIndex(VectorIndex):
     @property
     def supports_lut(self) -> bool:
         """Whether every stage's code width divides 8 (byte lookup tables need whole codes per byte)."""
-        return all(stage.decoder.byte_aligned for stage in self._stages)
+        return lut_layout([stage.decoder.bits for stage in self._stages])
 
     @property
     def supports_fastscan(self) -> bool:
         """Whether the stages' bits per coordinate divide 4 (the fast-scan sub-quantizer code width)."""
-        return 4 % sum(stage.decoder.bits for stage in self._stages) == 0
+        return fastscan_layout([stage.decoder.bits for stage in self._stages])
 
     def _make_stages(self) -> tuple[_Stage, ...]:
         return tuple(_Stage(codes_key=stage.codes, decoder=CodeDecoder(stage.centroids.cpu(), stage.bits, self.dim),

@@ -35,14 +35,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..backends import KERNEL_BITS, triton_available
+from ..backends import KERNEL_BITS, triton_unavailable
 
 
 def check_device(device: torch.device) -> None:
     """ValueError unless a kernel can run on ``device`` (CUDA, or any device under TRITON_INTERPRET=1)."""
-    if not triton_available(device):
-        raise ValueError(f"the Triton kernels need a CUDA device (or TRITON_INTERPRET=1 for the CPU "
-                         f"interpreter), got tensors on {device}")
+    reason = triton_unavailable(device)
+    if reason is not None:
+        raise ValueError(f"the Triton kernels cannot take these tensors: {reason}")
 
 
 def group_geometry(bits: int) -> tuple[int, int]:

@@ -66,6 +66,7 @@ if TYPE_CHECKING:  # the kernel module imports Triton: at run time only where a 
 
 __all__ = ["DecodeStep", "cache_format", "decode_step_attention", "hides_tokens"]
 
+
 @dataclass
 class DecodeStep:
     """What one decode step of one layer attends over, captured before the new token was written."""
