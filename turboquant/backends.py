@@ -31,15 +31,16 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KERNEL_BITS", "QUANTIZER_BACKENDS", "Choice", "KernelStream", "ann_search_path", "capability_table",
-           "decode_read_path", "fastscan_layout", "lut_layout", "numba_available", "quantizer_backend",
-           "triton_available", "triton_unavailable"]
+__all__ = ["FUSED_DECODE_CHOICES", "KERNEL_BITS", "QUANTIZER_BACKENDS", "Choice", "KernelStream", "ann_search_path",
+           "capability_table", "check_fused_decode", "decode_read_path", "fastscan_layout", "lut_layout",
+           "numba_available", "quantizer_backend", "triton_available", "triton_unavailable"]
 
 #: Code widths the Triton kernels read and write (``turboquant.kernels._layout``: lcm(b, 8)-bit groups).
 KERNEL_BITS = (1, 2, 3, 4)
 #: The fused TurboQuant_prod quantize kernel holds one row in one tile.
 PROD_KERNEL_MAX_DIM = 256
 QUANTIZER_BACKENDS = ("auto", "torch", "triton", "numba")
+FUSED_DECODE_CHOICES = (False, True, "auto")
 ANN_SCORERS = ("auto", "dense", "lut", "fastscan")
 
 
@@ -189,6 +190,12 @@ class KernelStream:
     qjl: bool = False
 
 
+def check_fused_decode(value: bool | str) -> None:
+    """ValueError unless ``value`` is one of :data:`FUSED_DECODE_CHOICES` (``1`` is not ``True``)."""
+    if value not in FUSED_DECODE_CHOICES or not isinstance(value, (bool, str)):
+        raise ValueError(f"fused_decode must be one of {FUSED_DECODE_CHOICES}, got {value!r}")
+
+
 def decode_read_path(requested: bool | str, device: torch.device | str | None,
                      streams: Sequence[KernelStream]) -> Choice:
     """Whether decode attention reads the packed codes in the Triton kernel (``"fused"``) or a decoded
@@ -198,8 +205,7 @@ def decode_read_path(requested: bool | str, device: torch.device | str | None,
     ``requested``: True (fused; ValueError if it cannot serve), False (the workspace) or ``"auto"``. The kernel
     reads TurboQuant codes of 1-4 bits (Alg. 1's, or Alg. 2's MSE stage beside its QJL signs).
     """
-    if requested not in (True, False, "auto") or not isinstance(requested, (bool, str)):
-        raise ValueError(f"fused_decode must be one of (True, False, 'auto'), got {requested!r}")
+    check_fused_decode(requested)
     fused = None if device is None else triton_unavailable(device)
     others = [s for s in streams if s.format != "turboquant"]
     if fused is None and others:

@@ -81,7 +81,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import turboquant as tq
-from turboquant.backends import Choice, KernelStream, decode_read_path
+from turboquant.backends import Choice, KernelStream, check_fused_decode, decode_read_path
 from turboquant.kvcache.base import CompressedCache, peak_ratio_over, tensor_nbytes
 from turboquant.kvcache.factory import ModelShape, register_method
 from turboquant.kvcache.full import FullPrecisionLayer
@@ -524,7 +524,6 @@ def memory_ratio_at(config: TurboQuantCacheConfig, shape: ModelShape, tokens: in
 
 
 PRESET_BITS = tuple(b / 2 for b in range(2, 17))  # 1, 1.5, ..., 8
-FUSED_DECODE_CHOICES = (False, True, "auto")
 
 
 def build_turboquant_cache(
@@ -556,8 +555,7 @@ def build_turboquant_cache(
     workspace path's options (``decode_fn`` cannot be combined with the fused path)."""
     if sum(x is not None for x in (bits, memory_ratio, vllm_preset)) > 1:
         raise ValueError("give at most one of bits=, memory_ratio= and vllm_preset=")
-    if fused_decode not in FUSED_DECODE_CHOICES or not isinstance(fused_decode, (bool, str)):
-        raise ValueError(f"fused_decode must be one of {FUSED_DECODE_CHOICES}, got {fused_decode!r}")
+    check_fused_decode(fused_decode)
     unknown = set(options) - {f.name for f in dataclasses.fields(TurboQuantCacheConfig)}
     if unknown:
         raise ValueError(f"unknown TurboQuant options {sorted(unknown)}")
