@@ -137,9 +137,15 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
             if skip_off_gpu("decode", name, kw, device):
                 continue
             factor, graph = kw.pop("split_factor", 1), kw.pop("graph", False)
-            kw["decoder"] = resolve_decoder(kw.get("decoder", "auto"), device, lambda: cache_format.symmetric)
-            kw["num_splits"] = max(1, round(factor * default_num_splits(
-                bsz, HEADS_KV, ctx, device, kw.get("block_n") or default_block_n(cache_format, kw["decoder"]))))
+            if kw.get("kernel") == "mma":
+                from turboquant.kernels.decode_attention.mma import default_mma_splits
+
+                splits = default_mma_splits(bsz, HEADS_KV, ctx, device, kw.get("block_n") or 32)
+            else:
+                kw["decoder"] = resolve_decoder(kw.get("decoder", "auto"), device, lambda: cache_format.symmetric)
+                splits = default_num_splits(bsz, HEADS_KV, ctx, device,
+                                            kw.get("block_n") or default_block_n(cache_format, kw["decoder"]))
+            kw["num_splits"] = max(1, round(factor * splits))
             label = f"K{k_bits}V{v_bits} {name}"
             try:
                 err = rel_err(decode_attention_groups_triton(*check_args, **check_perms, **kw), ref)

@@ -2,6 +2,7 @@
 
     python -m benchmarks.compile_offline                 # decode + scores variants of session 5, sm_90
     python -m benchmarks.compile_offline --arch 90 --ops decode
+    python -m benchmarks.compile_offline --ops mma      # the register-operand kernel (Gluon) at 16-64 tokens
 
 Each launch of the entry points (called on small CPU tensors of the benchmark's shapes: 32 query / 8 KV heads,
 d = 128) is compiled by ``triton.compile`` for the target instead of being run (Triton's argument binder and
@@ -54,6 +55,12 @@ def sass_profile(cubin: bytes) -> dict[str, int]:
     return out
 
 
+def _gluon_source():
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    return GluonASTSource
+
+
 def compile_launches(arch: int, calls) -> list[tuple[str, str, dict[str, int], int]]:
     """Run ``calls()`` with every Triton launch replaced by an offline compile for ``sm_<arch>``; per launch:
     (kernel name, label set by the caller, :func:`sass_profile`, static shared memory bytes)."""
@@ -70,8 +77,8 @@ def compile_launches(arch: int, calls) -> list[tuple[str, str, dict[str, int], i
         binder = jit.create_function_from_signature(self.signature, self.params, backend)
         bound, specialization, options = binder(*args, **kwargs)
         options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, specialization, options)
-        kernel = triton_compile(ASTSource(self, signature, constexprs, attrs), target=target,
-                                options=options.__dict__)
+        source = _gluon_source() if getattr(self, "is_gluon", lambda: False)() else ASTSource
+        kernel = triton_compile(source(self, signature, constexprs, attrs), target=target, options=options.__dict__)
         launches.append((self.fn.__name__, label["now"], sass_profile(kernel.asm["cubin"]),
                          int(kernel.metadata.shared)))
 
@@ -99,7 +106,17 @@ def _session5_calls(ops: list[str]):
 
     def run(label):
         rot = tq.make_rotation("haar", dim, seed=0).matrix()
-        for bits in (4, 3):
+        if "mma" in ops:  # the register-operand kernel (Gluon): 4-bit K/V only
+            cb = tq.lloyd_max_codebook(dim, 4).centroids_tensor()
+            lead = (1, 8, 64)
+            codes = tq.pack_codes(torch.randint(0, 16, (*lead, dim), generator=gen), 4)
+            norms = torch.rand(*lead, generator=gen).half()
+            for block_n in (16, 32, 64):
+                label["now"] = f"decode K4V4 mma bn{block_n}"
+                decode_attention_triton(torch.randn(1, 32, dim, generator=gen), codes, norms, codes, norms,
+                                        torch.tensor([64], dtype=torch.int32), k_centroids=cb, v_centroids=cb,
+                                        k_bits=4, v_bits=4, rotation=rot, num_splits=1, block_n=block_n, kernel="mma")
+        for bits in (4, 3) if {"decode", "scores"} & set(ops) else ():
             cb = tq.lloyd_max_codebook(dim, bits).centroids_tensor()
             lead = (1, 8, 64)
             codes = tq.pack_codes(torch.randint(0, 2 ** bits, (*lead, dim), generator=gen), bits)

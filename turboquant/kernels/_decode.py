@@ -250,6 +250,62 @@ def three_bit_group_values(words, table_ptr, DECODE: tl.constexpr):
     return values
 
 
+def prmt_byte_tables(table: torch.Tensor) -> tuple[int, int, int, int]:
+    """The magnitude byte tables of a symmetric 4-bit codebook (its upper 8 fp16 values), as the host hands them to
+    a kernel: low bytes of m_0..m_3, of m_4..m_7, high bytes of each, packed little-endian into int32 values (what
+    :func:`_byte_tables` builds on the device from ``table + 8``)."""
+    bits = table.detach().to("cpu", torch.float16).view(torch.int16).to(torch.int64)[8:16] & 0xFFFF
+    packed = [sum(int(b) << (8 * i) for i, b in enumerate(part)) for part in
+              (bits[:4] & 255, bits[4:] & 255, bits[:4] >> 8, bits[4:] >> 8)]
+    return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in packed)
+
+
+def _nibble_word_lines(src: str, outs: list[str]) -> list[str]:
+    """PTX lines decoding the 8 4-bit codes of the 32-bit register ``src`` (code n at bits 4n..4n+3) to fp16 values of
+    a symmetric codebook, written to the 16-bit operands ``outs[n]``. As :data:`_PRMT_DECODE4` (sign bit + 3-bit
+    magnitude index, the magnitudes looked up in the byte tables ``$T0..$T3``), but codes n and n + 4 share one
+    32-bit result: their sign bits sit 16 bits apart in ``src`` (bits 4n + 3 and 4n + 19), so one shift and one
+    ``lop3`` per result set both (sign set where the code's top bit is clear). Per 8 codes: 4 ops for the magnitude
+    indices, 2 ``prmt`` that gather the selector nibbles, 4 + 4 ``prmt`` for the table bytes and their
+    interleaving, 7 for the signs."""
+    lines = [f"not.b32 s, {src};", "shr.u32 s, s, 3;", "and.b32 s, s, 0x11111111;", "mul.lo.u32 s, s, 7;",
+             f"and.b32 j, {src}, 0x77777777;", "xor.b32 j, j, s;"]
+    for half, selector in ((0, "0x4420"), (1, "0x4431")):  # bytes 0, 2 / 1, 3 of j: codes (0, 1, 4, 5) / (2, 3, 6, 7)
+        lines += [f"prmt.b32 sel, j, 0, {selector};", "prmt.b32 lo, $T0, $T1, sel;", "prmt.b32 hi, $T2, $T3, sel;"]
+        for odd, interleave in ((0, "0x6240"), (1, "0x7351")):
+            n = 2 * half + odd
+            shift = 12 - 4 * n
+            lines += [f"prmt.b32 r, lo, hi, {interleave};",
+                      f"shl.b32 t, {src}, {shift};" if shift else f"mov.b32 t, {src};",
+                      "not.b32 t, t;", "and.b32 t, t, 0x80008000;", "or.b32 r, r, t;",
+                      f"mov.b32 {{{outs[n]}, {outs[n + 4]}}}, r;"]
+    return lines
+
+
+def _nibble_program(lines: list[str], tables: list[str]) -> str:
+    body = "\n".join(lines)
+    for i, operand in enumerate(tables):
+        body = body.replace(f"$T{i}", operand)
+    return "{\n.reg .b32 s, j, sel, lo, hi, r, t, x;\n" + body + "\n}"
+
+
+# One invocation: a word of 8 4-bit codes in $8 -> the fp16 value of code n in $n (n = 0..7); $9..$12 the byte
+# tables of the magnitudes (_byte_tables(table + 8)). Codes n and n + 4 leave the program in one 32-bit register.
+PRMT_WORD4 = tl.constexpr(_nibble_program(_nibble_word_lines("$8", [f"${n}" for n in range(8)]),
+                                          ["$9", "$10", "$11", "$12"]))
+PRMT_WORD4_CONSTRAINTS = tl.constexpr(",".join(["=h"] * 8 + ["r"] * 5))
+
+# One invocation: the words of the same 8 channels of two tokens A ($16) and B ($17) -> code c of A in $(2c) and of
+# B in $(2c + 1) (c = 0..7); $18..$21 the magnitude byte tables. The low (high) halves of the two words are joined
+# first (one prmt each), so each decoded 32-bit register holds (A, B) of one channel: the pair an MMA operand whose
+# K dimension is tokens wants in one register.
+PRMT_TOKEN_PAIR4 = tl.constexpr(_nibble_program(
+    ["prmt.b32 x, $16, $17, 0x5410;"] + _nibble_word_lines("x", [f"${2 * (n % 4) + n // 4}" for n in range(8)])
+    + ["prmt.b32 x, $16, $17, 0x7632;"] + _nibble_word_lines("x", [f"${8 + 2 * (n % 4) + n // 4}" for n in range(8)]),
+    ["$18", "$19", "$20", "$21"]))
+PRMT_TOKEN_PAIR4_CONSTRAINTS = tl.constexpr(",".join(["=h"] * 16 + ["r"] * 6))
+
+
 @triton.jit
 def channel_order_tile(values):
     """The 8 (tokens, groups) tiles of :func:`three_bit_group_values` (code position k = 0..7) as one

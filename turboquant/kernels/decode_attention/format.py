@@ -15,6 +15,7 @@ import torch
 from ...codebook import symmetric_codebook
 from ...codes import QuantizedVectors
 from ...packing import packed_size
+from .._decode import prmt_byte_tables
 from .._layout import KERNEL_BITS, group_geometry, num_groups, pow2_at_least
 
 MAX_CHANNEL_GROUPS = 2
@@ -97,6 +98,27 @@ class CacheFormat:
         """Every codebook sorted and symmetric, so the register decoders apply (``_decode``): read back from the
         device on first use only (a format built once serves every later launch and CUDA-graph replay)."""
         return all(symmetric_codebook(table) for table in (*self.key_tables, *self.value_tables))
+
+    @cached_property
+    def mma_query_map(self) -> torch.Tensor:
+        """(head_dim, head_dim) float32: ``q_P @ this`` is the rotated query ``Pi q`` in the register-operand
+        kernel's key order (:func:`.mma.key_channel_order`); one key group."""
+        from .mma import key_channel_order
+
+        rotation = self.key_groups[0].rotation.to(self.query_map.device, torch.float32)
+        return rotation.T[:, key_channel_order(self.head_dim).to(rotation.device)].contiguous()
+
+    @cached_property
+    def mma_value_rows(self) -> torch.Tensor:
+        """int32 (head_dim,): the rotated value channel of each output row of the register-operand kernel."""
+        from .mma import value_channel_order
+
+        return value_channel_order(self.head_dim).to(self.query_map.device, torch.int32)
+
+    @cached_property
+    def mma_tables(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The key and value codebooks' magnitude byte tables (``_decode.prmt_byte_tables``), read back once."""
+        return prmt_byte_tables(self.key_tables[0]), prmt_byte_tables(self.value_tables[0])
 
     @property
     def head_dim(self) -> int:

@@ -15,6 +15,8 @@ from ...codes import QuantizedVectors
 from .format import MAX_CHANNEL_GROUPS, CacheFormat, check_inputs, one_group_cache
 from .kernel import combine_kernel, decode_split_kernel
 
+SPLIT_KERNELS = ("tiles", "mma")
+
 
 def default_block_n(cache_format: CacheFormat, decoder: str) -> int:
     """Tokens per tile: 128 with the ``"prmt"`` decoder (without per-code gathers the loop is no longer bound by
@@ -79,6 +81,7 @@ def decode_attention_groups_triton(
     lookup: bool = True,
     decoder: str = "auto",
     inner: str = "dot",
+    kernel: str = "tiles",
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of one new query token per sequence over a packed cache of channel groups (module docstring).
@@ -104,21 +107,36 @@ def decode_attention_groups_triton(
             ``"auto"`` (``"prmt"`` on CUDA for symmetric codebooks, else ``"table"``: ``_decode.resolve_decoder``).
         inner: the multiply of the inner loop: ``"dot"`` (tensor cores, the GQA group padded to 16 rows) or
             ``"fma"`` (CUDA-core FMAs over the group's own rows; decode is a matrix-vector product per head).
+        kernel: the split kernel: ``"tiles"`` (:mod:`.kernel`, every layout; ``decoder`` / ``inner`` / ``lookup``
+            choose its inner loop) or ``"mma"`` (:mod:`.mma`, Gluon, GPU only: decoded codes as register operands
+            of ``mma.sync``, for the layouts :func:`.mma.mma_unsupported` accepts; one-warp programs, ``block_n``
+            default 32, ``num_stages`` > 1 loads the next tile before decoding the current one).
         return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
             (batch, query_heads), ``-inf`` for a row without tokens: what an exact merge with attention over
             other tokens needs (``o = sum_i exp(lse_i - lse) o_i``, ``lse = log sum_i exp(lse_i)``).
     """
     check_inputs(q, keys, values, seq_lens, cache_format, key_permutation, value_permutation)
     check_device(q.device)
-    decoder = resolve_decoder(decoder, q.device, lambda: cache_format.symmetric)
     if inner not in ("dot", "fma"):
         raise ValueError(f"inner must be 'dot' or 'fma', got {inner!r}")
+    if kernel not in SPLIT_KERNELS:
+        raise ValueError(f"kernel must be one of {SPLIT_KERNELS}, got {kernel!r}")
     batch, n_heads, dim = q.shape
     n_kv_heads, max_tokens = keys[0].codes.shape[1], keys[0].codes.shape[2]
     group = n_heads // n_kv_heads
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    block_n = block_n or default_block_n(cache_format, decoder)
-    num_splits = num_splits or default_num_splits(batch, n_kv_heads, max_tokens, q.device, block_n)
+    if kernel == "mma":  # Gluon, imported only here: Triton releases before Gluon still run the tile kernel
+        from .mma import default_mma_splits, mma_split, mma_unsupported
+
+        reason = mma_unsupported(cache_format, n_heads, n_kv_heads)
+        if reason is not None:
+            raise ValueError(f"kernel='mma': {reason}")
+        block_n = block_n or 32
+        num_splits = num_splits or default_mma_splits(batch, n_kv_heads, max_tokens, q.device, block_n)
+    else:
+        decoder = resolve_decoder(decoder, q.device, lambda: cache_format.symmetric)
+        block_n = block_n or default_block_n(cache_format, decoder)
+        num_splits = num_splits or default_num_splits(batch, n_kv_heads, max_tokens, q.device, block_n)
     tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
 
@@ -127,9 +145,25 @@ def decode_attention_groups_triton(
         grouped = q_keyed.view(batch, n_kv_heads, group, dim)
         index = key_permutation.to(device=q.device, dtype=torch.int64)[:, :, None].expand(-1, -1, group, -1)
         q_keyed = grouped.gather(-1, index).view(batch, n_heads, dim)
-    q_stages = (q_keyed @ cache_format.query_map).to(torch.float16)
     part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q.device)
+    if kernel == "mma":
+        q_rot = (q_keyed @ cache_format.mma_query_map).to(torch.float16)
+        mma_split(q_rot, keys[0].codes, keys[0].norms, values[0].codes, values[0].norms, seq_lens, cache_format,
+                  part_out, part_lse, tokens_per_split, block_n, scale * math.log2(math.e), num_stages > 1)
+    else:
+        _tiles_split(q_keyed, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split, scale,
+                     group, block_n, decoder if lookup else "none", inner, num_warps, num_stages)
+    return _combine(part_out, part_lse, cache_format, value_permutation, q.dtype, group, return_lse)
+
+
+def _tiles_split(q_keyed: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors],
+                 seq_lens: torch.Tensor, cache_format: CacheFormat, part_out: torch.Tensor, part_lse: torch.Tensor,
+                 tokens_per_split: int, scale: float, group: int, block_n: int, decode: str, inner: str,
+                 num_warps: int, num_stages: int) -> None:
+    """Launch :func:`.kernel.decode_split_kernel` over ``part_out`` / ``part_lse``."""
+    batch, n_kv_heads, num_splits = q_keyed.shape[0], keys[0].codes.shape[1], part_out.shape[2]
+    q_stages = (q_keyed @ cache_format.query_map).to(torch.float16)
     stand_in = keys[0]
     k_args = [_key_group_args(keys[g] if g < len(keys) else None,
                               cache_format.key_tables[g] if g < len(keys) else None, stand_in)
@@ -142,12 +176,19 @@ def decode_attention_groups_triton(
         tokens_per_split, q_stages.stride()[:2], part_out.stride()[:3], part_lse.stride()[:2],
         scale * math.log2(math.e),
         GROUP=group, BLOCK_M=pow2_at_least(group, floor=16 if inner == "dot" else 1), BLOCK_N=block_n,
-        DECODE=decoder if lookup else "none", INNER=inner, **cache_format.meta,
+        DECODE=decode, INNER=inner, **cache_format.meta,
         num_warps=num_warps, num_stages=num_stages,
     )
-    out = torch.empty((batch, n_heads, dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, n_heads), dtype=torch.float32, device=q.device) if return_lse else part_lse
-    perm = part_lse if value_permutation is None else value_permutation.to(q.device)
+
+
+def _combine(part_out: torch.Tensor, part_lse: torch.Tensor, cache_format: CacheFormat,
+             value_permutation: torch.Tensor | None, dtype: torch.dtype, group: int,
+             return_lse: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Launch :func:`.kernel.combine_kernel`: the splits merged, rotated back and un-permuted."""
+    batch, n_heads, num_splits, dim = part_out.shape
+    out = torch.empty((batch, n_heads, dim), dtype=dtype, device=part_out.device)
+    lse = torch.empty((batch, n_heads), dtype=torch.float32, device=part_out.device) if return_lse else part_lse
+    perm = part_lse if value_permutation is None else value_permutation.to(part_out.device)
     combine_m = 16
     combine_kernel[(batch, triton.cdiv(n_heads, combine_m))](
         part_out, part_lse, cache_format.value_rotation, perm, out, lse,

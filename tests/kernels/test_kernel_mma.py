@@ -1,0 +1,184 @@
+"""The register-operand decode kernel (``decode_attention.mma``) off the GPU: its PTX decoders run by the emulator of
+``test_kernel_prmt``, the channel orders its tile permutations produce, its refusals, and an offline sm_90 compile.
+
+Gluon has no interpreter, so the kernel itself runs only on a GPU (the benchmark checks it against the float64
+reference before timing it; ``tests/kernels`` on the device runs :func:`test_mma_kernel_matches_reference_on_gpu`).
+What can be checked here is each piece whose mistake would give a wrong answer rather than a compile error: that
+the programs decode every code, that the joins and permutes of the decoded tiles put rotated channel
+``key_channel_order[k]`` at reduction position k (and ``value_channel_order[m]`` at output row m), and that the
+compiler accepts the decoded tiles as MMA operands without moving them (``assert_trivial``)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import turboquant as tq
+
+pytest.importorskip("triton.experimental.gluon")
+
+from turboquant.kernels._decode import (  # noqa: E402
+    PRMT_TOKEN_PAIR4,
+    PRMT_WORD4,
+    prmt_byte_tables,
+)
+from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup, mma  # noqa: E402
+
+from tests.kernels.test_kernel_prmt import _byte_tables, _fp16_bits, run_ptx  # noqa: E402
+
+
+def _table(dim: int = 128) -> np.ndarray:
+    return tq.lloyd_max_codebook(dim, 4).centroids_tensor().numpy().astype(np.float16)
+
+
+def _words(seed: int, n: int = 400) -> list[int]:
+    rng = np.random.default_rng(seed)
+    every = [sum(((c + k) % 16) << (4 * k) for k in range(8)) for c in range(16)]  # every code at every position
+    return every + [int(w) for w in rng.integers(0, 2 ** 32, size=n, dtype=np.uint64)] + [0, 2 ** 32 - 1]
+
+
+def test_host_byte_tables_are_the_device_ones() -> None:
+    table = _table()
+    assert prmt_byte_tables(torch.from_numpy(table)) == tuple(
+        v - (1 << 32) if v >= 1 << 31 else v for v in _byte_tables(table[8:]))
+
+
+def test_word_program_decodes_every_code_at_every_position() -> None:
+    table = _table()
+    lo0, lo1, hi0, hi1 = _byte_tables(table[8:])
+    expected = _fp16_bits(table)
+    for word in _words(0):
+        out = run_ptx(PRMT_WORD4.value, {8: word, 9: lo0, 10: lo1, 11: hi0, 12: hi1})
+        assert [out[n] for n in range(8)] == [expected[(word >> (4 * n)) & 15] for n in range(8)], hex(word)
+
+
+def test_token_pair_program_decodes_both_tokens() -> None:
+    table = _table(64)
+    lo0, lo1, hi0, hi1 = _byte_tables(table[8:])
+    expected = _fp16_bits(table)
+    words = _words(1)
+    for a, b in zip(words, reversed(words)):
+        out = run_ptx(PRMT_TOKEN_PAIR4.value, {16: a, 17: b, 18: lo0, 19: lo1, 20: hi0, 21: hi1})
+        for c in range(8):
+            assert (out[2 * c], out[2 * c + 1]) == (expected[(a >> (4 * c)) & 15], expected[(b >> (4 * c)) & 15])
+
+
+def _join_tree(outputs: list[np.ndarray]) -> np.ndarray:
+    """What the kernel's nested ``gl.join`` of asm outputs 0..2^j - 1 builds: output i at index bits of i appended
+    as axes, least significant first."""
+    if len(outputs) == 1:
+        return outputs[0]
+    half = len(outputs) // 2
+    pairs = [np.stack([outputs[2 * i], outputs[2 * i + 1]], axis=-1) for i in range(half)]
+    return _join_tree(pairs) if half > 1 else pairs[0]
+
+
+@pytest.mark.parametrize("block_n", [16, 32, 64])
+def test_key_tile_columns_are_the_key_channel_order(block_n) -> None:
+    token = np.arange(block_n)[:, None].repeat(16, 1)
+    word = np.arange(16)[None, :].repeat(block_n, 0)
+    outputs = [8 * word + n for n in range(8)]  # code n of word w is rotated channel 8w + n (PRMT_WORD4: $n)
+    tile = np.transpose(_join_tree(outputs).reshape(block_n, *(2,) * 7), mma.KEY_AXES.value).reshape(block_n, 128)
+    rows = np.transpose(_join_tree([token] * 8).reshape(block_n, *(2,) * 7), mma.KEY_AXES.value).reshape(block_n, 128)
+    assert (tile == mma.key_channel_order().numpy()[None, :]).all()
+    assert (rows == np.arange(block_n)[:, None]).all()
+
+
+@pytest.mark.parametrize("block_n", [16, 32, 64])
+def test_value_tile_rows_are_the_value_channel_order(block_n) -> None:
+    words = np.arange(16)[None, None, :].repeat(block_n // 2, 0).repeat(2, 1)  # (token pair, e, word)
+    tokens = (2 * np.arange(block_n // 2)[:, None, None] + np.arange(2)[None, :, None]).repeat(16, 2)
+    # the kernel splits the (pairs, word, e) view of the word tile into the even and odd tokens
+    even_w, odd_w = words[:, 0], words[:, 1]
+    even_t, odd_t = tokens[:, 0], tokens[:, 1]
+    channel = [8 * (even_w if e == 0 else odd_w) + c for c in range(8) for e in range(2)]  # $(2c + e)
+    token = [even_t if e == 0 else odd_t for c in range(8) for e in range(2)]
+
+    def tile(outputs):
+        joined = _join_tree(outputs).reshape(block_n // 2, 8, *(2,) * 5)
+        return np.transpose(joined, mma.VALUE_AXES.value).reshape(128, block_n)
+
+    assert (tile(channel) == mma.value_channel_order().numpy()[:, None]).all()
+    assert (tile(token) == np.arange(block_n)[None, :]).all()
+
+
+def test_channel_orders_are_permutations() -> None:
+    for order in (mma.key_channel_order(), mma.value_channel_order()):
+        assert sorted(order.tolist()) == list(range(128))
+
+
+def _format(bits: int = 4, dim: int = 128, groups: int = 1) -> CacheFormat:
+    def stream(seed):
+        layout = [(dim, bits)] if groups == 1 else [(32, 4), (dim - 32, 3)]
+        return [ChannelGroup(m, b, tq.make_rotation("haar", m, seed=seed + i).matrix(),
+                             tq.lloyd_max_codebook(m, b).centroids_tensor()) for i, (m, b) in enumerate(layout)]
+    return CacheFormat.build(stream(0), stream(5), "cpu")
+
+
+def test_refuses_what_it_does_not_read() -> None:
+    assert mma.mma_unsupported(_format(), 32, 8) is None
+    assert "4-bit" in mma.mma_unsupported(_format(bits=3), 32, 8)
+    assert "head_dim" in mma.mma_unsupported(_format(dim=64), 32, 8)
+    assert "one channel group" in mma.mma_unsupported(_format(groups=2), 32, 8)
+    assert "GQA" in mma.mma_unsupported(_format(), 32, 1)
+
+
+def test_launch_names_the_refusal() -> None:
+    from turboquant.kernels.decode_attention import decode_attention_groups_triton
+
+    cache_format = _format(bits=3)
+    lead = (1, 8, 4)
+    codes = [g.packed(torch.zeros(*lead, 48, dtype=torch.uint8), torch.ones(lead)) for g in cache_format.key_groups]
+    with pytest.raises(ValueError, match="kernel='mma'.*4-bit"):
+        decode_attention_groups_triton(torch.zeros(1, 32, 128), codes, codes, torch.tensor([4]), cache_format,
+                                       kernel="mma")
+
+
+def test_query_map_gathers_the_rotated_query_in_key_order() -> None:
+    cache_format = _format()
+    q = torch.randn(3, 128)
+    rotated = q @ cache_format.key_groups[0].rotation.T  # Pi q as rows
+    assert torch.allclose(q @ cache_format.mma_query_map, rotated[:, mma.key_channel_order()], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_compiles_for_sm90_with_operands_in_registers() -> None:
+    """Offline compile for sm_90 (no GPU; a subprocess, since the interpreter this suite runs under compiles
+    nothing): the decoded tiles reach the MMA without a layout conversion (``assert_trivial`` fails the compile
+    otherwise) and nothing but the query's and the probabilities' conversions touches shared memory."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "benchmarks.compile_offline", "--ops", "mma"], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    header = next(line for line in run.stdout.splitlines() if line.startswith("| launch"))
+    keys = [k.strip() for k in header.strip("|").split("|")]
+    rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
+            if "mma_split_kernel" in line]
+    assert len(rows) == 3  # block_n 16, 32, 64
+    for row in rows:
+        assert row["stack"] == "0" and int(row["HMMA"]) > 0, row
+        assert int(row["LDSM"]) <= 4 and int(row["STS"]) <= 8, row
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on a CUDA GPU only")
+@pytest.mark.parametrize("batch,tokens,group", [(2, 300, 4), (3, 1000, 6), (1, 70, 7), (2, 129, 16)])
+def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group) -> None:
+    from turboquant.kernels.decode_attention import decode_attention_groups_reference, decode_attention_groups_triton
+
+    cache_format = CacheFormat.build(_format().key_groups, _format().value_groups, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    lead = (batch, 2, tokens)
+    keys = [g.packed(torch.randint(0, 256, (*lead, 64), dtype=torch.uint8, device="cuda", generator=gen),
+                     torch.rand(lead, device="cuda", generator=gen).half() + 0.5) for g in cache_format.key_groups]
+    values = [g.packed(torch.randint(0, 256, (*lead, 64), dtype=torch.uint8, device="cuda", generator=gen),
+                       torch.rand(lead, device="cuda", generator=gen) + 0.5) for g in cache_format.value_groups]
+    q = torch.randn(batch, 2 * group, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+    seq_lens = torch.randint(1, tokens + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
+    ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format)
+    for splits in (1, 3):
+        out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, kernel="mma", num_splits=splits)
+        assert ((out.double() - ref).norm() / ref.norm()) < 1e-2

@@ -1,0 +1,253 @@
+"""The split kernel of decode attention with the decoded codes as register operands of ``mma.sync`` (Gluon).
+
+Same math as :mod:`.kernel` (the package docstring), for the layout it serves (:func:`mma_unsupported`): one
+TurboQuant_mse channel group per stream, 4-bit keys and values, head_dim 128, a GQA group of at most 16 query
+heads. One program is one warp and owns (batch row, KV head, split); per tile of ``BLOCK_N`` tokens it computes
+
+    s^T = K~ Q^T           (BLOCK_N, H):   A = the decoded keys (tokens x channels), B = the rotated queries
+    o^T += V~^T (p n_V)^T  (128, H):       A = the decoded values (channels x tokens), B = the probabilities
+
+with ``mma.m16n8k16`` (fp16 operands, fp32 accumulation), H the GQA group padded to 8 or 16. Both A operands are
+produced in registers in the layout the instruction reads them from, so no decoded tile is written to shared
+memory: each thread loads exactly the code words its fragment needs and decodes them in place
+(:data:`~turboquant.kernels._decode.PRMT_WORD4`, :data:`~turboquant.kernels._decode.PRMT_TOKEN_PAIR4`). That fixes
+which rotated channel each position of the reduction (keys) and each output row (values) holds: the logical orders
+:func:`key_channel_order` and :func:`value_channel_order`. The host gathers the rotated query in the key order
+(:attr:`CacheFormat.mma_query_map`), and the kernel writes output row m to rotated channel
+``value_channel_order[m]``, so the combine kernel (merge, ``Pi_V^T``) is shared with the tile kernel.
+
+Fragment of ``mma.m16n8k16`` (lane = 4 g + t): A holds rows g, g + 8 and columns 2t, 2t + 1, 2t + 8, 2t + 9 of
+each 16 x 16 block; the word layouts below give each lane the code words of exactly those rows and columns.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from .._decode import PRMT_TOKEN_PAIR4, PRMT_TOKEN_PAIR4_CONSTRAINTS, PRMT_WORD4, PRMT_WORD4_CONSTRAINTS
+
+if TYPE_CHECKING:
+    from .format import CacheFormat
+
+HEAD_DIM = 128
+MAX_GROUP = 16
+WORD_CODES = 8  # 4-bit codes per 32-bit word
+
+_MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]))
+_OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA.value, k_width=2))
+_OPERAND_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA.value, k_width=2))
+_ROWS = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]))
+
+
+def key_channel_order(dim: int = HEAD_DIM) -> torch.Tensor:
+    """Rotated channel at each position k of the key reduction. With k = e + 2t + 8h + 16 s0 + 32u, lane t of a
+    fragment decodes words 4t + u of its token (channels 32t + 8u + n), and code n = 4e + 2 s0 + h of a word
+    lands at position k (e: the pair a 32-bit register holds, h: the +8 column of the fragment, s0 and u: the
+    16-column block)."""
+    k = torch.arange(dim)
+    e, t, h, s0, u = k & 1, (k >> 1) & 3, (k >> 3) & 1, (k >> 4) & 1, k >> 5
+    return 8 * (4 * t + u) + 4 * e + 2 * s0 + h
+
+
+def value_channel_order(dim: int = HEAD_DIM) -> torch.Tensor:
+    """Rotated channel of each output row m of the value product. With m = g + 8w + 16c, lane group g decodes words
+    2g + w of a token (channels 16g + 8w + c), and code c of word w is row m."""
+    m = torch.arange(dim)
+    return 16 * (m & 7) + 8 * ((m >> 3) & 1) + (m >> 4)
+
+
+def mma_unsupported(cache_format: CacheFormat, n_heads: int, n_kv_heads: int) -> str | None:
+    """Why this kernel cannot read a cache of ``cache_format`` with this GQA shape, or None."""
+    groups = (*cache_format.key_groups, *cache_format.value_groups)
+    if len(cache_format.key_groups) != 1 or len(cache_format.value_groups) != 1:
+        return "the register-operand kernel reads one channel group per stream"
+    if any(g.bits != 4 or g.sketch is not None for g in groups):
+        return "the register-operand kernel reads 4-bit TurboQuant_mse keys and values"
+    if cache_format.head_dim != HEAD_DIM:
+        return f"the register-operand kernel reads head_dim {HEAD_DIM}, not {cache_format.head_dim}"
+    if n_heads // n_kv_heads > MAX_GROUP:
+        return f"the register-operand kernel serves GQA groups of at most {MAX_GROUP} query heads"
+    if not cache_format.symmetric:
+        return "the register-operand kernel decodes symmetric (Lloyd-Max) codebooks"
+    return None
+
+
+# How a decoded tile's axes are permuted into the MMA operand. The asm outputs of one word are joined pairwise
+# (outputs 2i and 2i + 1 innermost, then pairs of pairs), which appends the bits of the output index as axes,
+# least significant first, after the word tile's own axes.
+# Keys: (token, words as t1 t0 u1 u0, code n = 4e + 2 s0 + h as h s0 e) -> (token, u1 u0 s0 h t1 t0 e), so that
+# column k = e + 2t + 8h + 16 s0 + 32u (key_channel_order).
+KEY_AXES = gl.constexpr((0, 3, 4, 6, 5, 1, 2, 7))
+# Values: (token pair p, words as g w, output 2c + e as e c0 c1 c2) -> (c2 c1 c0 w g, p e), so that row
+# m = g + 8w + 16c (value_channel_order) and column = token 2p + e.
+VALUE_AXES = gl.constexpr((6, 5, 4, 2, 1, 0, 3))
+
+
+@gluon.constexpr_function
+def _key_words_layout(block_n):
+    """(BLOCK_N tokens, 16 words): lane 4g + t holds words 4t..4t+3 (one 16-byte load) of tokens g + 8r."""
+    tokens = [[8 << i, 0] for i in range(block_n.bit_length() - 4)]
+    return gl.DistributedLinearLayout([[0, 1], [0, 2]] + tokens, [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], [], [],
+                                      [block_n, 16])
+
+
+@gluon.constexpr_function
+def _value_words_layout(block_n):
+    """(BLOCK_N tokens, 16 words): lane 4g + t holds words 2g, 2g+1 (one 8-byte load) of tokens 2t + {0, 1} + 8r."""
+    tokens = [[8 << i, 0] for i in range(block_n.bit_length() - 4)]
+    return gl.DistributedLinearLayout([[0, 1], [1, 0]] + tokens, [[2, 0], [4, 0], [0, 2], [0, 4], [0, 8]], [], [],
+                                      [block_n, 16])
+
+
+@gluon.jit
+def _decoded_keys(words, tables, BLOCK_N: gl.constexpr):
+    """(BLOCK_N, 16) key words -> (BLOCK_N, 128) fp16 in the A layout, columns in :func:`key_channel_order`."""
+    v = gl.inline_asm_elementwise(PRMT_WORD4, PRMT_WORD4_CONSTRAINTS,
+                                  [words, tables[0], tables[1], tables[2], tables[3]],
+                                  dtype=(gl.float16,) * 8, is_pure=True, pack=1)
+    x = gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])), gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7])))
+    x = gl.permute(gl.reshape(x, (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)), KEY_AXES)
+    return gl.convert_layout(gl.reshape(x, (BLOCK_N, 128)), _OPERAND_A, assert_trivial=True)
+
+
+@gluon.jit
+def _decoded_values(words, tables, BLOCK_N: gl.constexpr):
+    """(BLOCK_N, 16) value words -> (128, BLOCK_N) fp16 in the A layout, rows in :func:`value_channel_order`."""
+    even, odd = gl.split(gl.permute(gl.reshape(words, (BLOCK_N // 2, 2, 16)), (0, 2, 1)))
+    v = gl.inline_asm_elementwise(PRMT_TOKEN_PAIR4, PRMT_TOKEN_PAIR4_CONSTRAINTS,
+                                  [even, odd, tables[0], tables[1], tables[2], tables[3]],
+                                  dtype=(gl.float16,) * 16, is_pure=True, pack=1)
+    x = gl.join(gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])),
+                        gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7]))),
+                gl.join(gl.join(gl.join(v[8], v[9]), gl.join(v[10], v[11])),
+                        gl.join(gl.join(v[12], v[13]), gl.join(v[14], v[15]))))
+    x = gl.permute(gl.reshape(x, (BLOCK_N // 2, 8, 2, 2, 2, 2, 2)), VALUE_AXES)
+    return gl.convert_layout(gl.reshape(x, (128, BLOCK_N)), _OPERAND_A, assert_trivial=True)
+
+
+@gluon.jit
+def _load_tile(k_words, v_words, k_norms, v_norms, n0, end, k_tok, k_col, v_tok, v_col, s_tok, k_strides, v_strides,
+               kn_strides, vn_strides):
+    """The key and value words (in their fragment layouts) and float32 norms of tokens ``n0 .. n0 + BLOCK_N - 1``
+    (zero past ``end``)."""
+    kt = n0 + k_tok
+    kw = gl.load(k_words + kt.to(gl.int64)[:, None] * k_strides[2] + k_col[None, :], mask=(kt < end)[:, None], other=0)
+    vt = n0 + v_tok
+    vw = gl.load(v_words + vt.to(gl.int64)[:, None] * v_strides[2] + v_col[None, :], mask=(vt < end)[:, None], other=0)
+    st = n0 + s_tok
+    kn = gl.load(k_norms + st * kn_strides[2], mask=st < end, other=0.0).to(gl.float32)
+    vn = gl.load(v_norms + st * vn_strides[2], mask=st < end, other=0.0).to(gl.float32)
+    return kw, vw, kn, vn
+
+
+@gluon.jit
+def mma_split_kernel(
+    q_ptr, k_words_ptr, k_norms_ptr, v_words_ptr, v_norms_ptr, value_rows_ptr, seq_lens_ptr, part_out_ptr,
+    part_lse_ptr, k_tables, v_tables, tokens_per_split, q_strides, k_strides, kn_strides, v_strides, vn_strides,
+    part_strides, lse_strides, scale_log2,
+    GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, PREFETCH: gl.constexpr,
+):
+    """One (batch row, KV head, split), one warp. ``q_ptr``: (batch, query heads, 128) fp16 rotated queries in
+    :func:`key_channel_order`; ``k_words_ptr`` / ``v_words_ptr``: the packed code rows as int32 words, strides in
+    words; ``value_rows_ptr``: :func:`value_channel_order` (int32); ``*_tables``: the codebooks' magnitude byte
+    tables (4 int32, ``_decode.prmt_byte_tables``). Writes the split's normalized output, rotated, and its
+    log2-sum-exp, as :func:`.kernel.decode_split_kernel` does. ``PREFETCH``: the next tile's loads are issued
+    before the current tile is decoded (a register double buffer; Triton does not pipeline loads whose consumer is
+    inline assembly)."""
+    b = gl.program_id(0).to(gl.int64)
+    kv_head = gl.program_id(1)
+    split = gl.program_id(2)
+    seq_len = gl.load(seq_lens_ptr + b)
+    start = split * tokens_per_split
+    end = gl.minimum(start + tokens_per_split, seq_len)
+
+    k_rows = gl.arange(0, 128, layout=gl.SliceLayout(1, _ROWS))
+    h_cols = gl.arange(0, HEADS, layout=gl.SliceLayout(0, _ROWS))
+    q_t = gl.load(q_ptr + b * q_strides[0] + (kv_head * GROUP + h_cols)[None, :] * q_strides[1] + k_rows[:, None],
+                  mask=(h_cols < GROUP)[None, :], other=0.0)
+    q_t = gl.convert_layout(q_t, _OPERAND_B)
+
+    KEY_WORDS: gl.constexpr = _key_words_layout(BLOCK_N)
+    VALUE_WORDS: gl.constexpr = _value_words_layout(BLOCK_N)
+    k_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, KEY_WORDS))
+    k_col = gl.arange(0, 16, layout=gl.SliceLayout(0, KEY_WORDS))
+    v_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, VALUE_WORDS))
+    v_col = gl.arange(0, 16, layout=gl.SliceLayout(0, VALUE_WORDS))
+    s_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _MMA))
+    k_words = k_words_ptr + b * k_strides[0] + kv_head * k_strides[1]
+    v_words = v_words_ptr + b * v_strides[0] + kv_head * v_strides[1]
+    k_norms = k_norms_ptr + b * kn_strides[0] + kv_head * kn_strides[1]
+    v_norms = v_norms_ptr + b * vn_strides[0] + kv_head * vn_strides[1]
+
+    m_i = gl.full((HEADS,), float("-inf"), gl.float32, layout=gl.SliceLayout(0, _MMA))
+    l_i = gl.zeros((HEADS,), gl.float32, layout=gl.SliceLayout(0, _MMA))
+    acc = gl.zeros((128, HEADS), gl.float32, layout=_MMA)
+    if PREFETCH:
+        kw, vw, kn, vn = _load_tile(k_words, v_words, k_norms, v_norms, start, end, k_tok, k_col, v_tok, v_col, s_tok,
+                                    k_strides, v_strides, kn_strides, vn_strides)
+    for n0 in range(start, end, BLOCK_N):
+        if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic (past `end`: masked, no traffic)
+            next_tile = _load_tile(k_words, v_words, k_norms, v_norms, n0 + BLOCK_N, end, k_tok, k_col, v_tok, v_col,
+                                   s_tok, k_strides, v_strides, kn_strides, vn_strides)
+        else:
+            kw, vw, kn, vn = _load_tile(k_words, v_words, k_norms, v_norms, n0, end, k_tok, k_col, v_tok, v_col,
+                                        s_tok, k_strides, v_strides, kn_strides, vn_strides)
+        live = n0 + s_tok < end
+        s = mma_v2(_decoded_keys(kw, k_tables, BLOCK_N), q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=_MMA))
+        s = gl.where(live[:, None], s * (kn * scale_log2)[:, None], float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=0))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[None, :])
+        l_i = l_i * alpha + gl.sum(p, axis=0)
+        p_t = gl.convert_layout((p * vn[:, None]).to(gl.float16), _OPERAND_B)
+        acc = mma_v2(_decoded_values(vw, v_tables, BLOCK_N), p_t, acc * alpha[None, :])
+        m_i = m_new
+        if PREFETCH:
+            kw, vw, kn, vn = next_tile
+
+    has_tokens = l_i > 0
+    inv_l = 1.0 / gl.where(has_tokens, l_i, 1.0)
+    lse = gl.where(has_tokens, m_i + gl.log2(gl.where(has_tokens, l_i, 1.0)), float("-inf"))
+    rows = gl.load(value_rows_ptr + gl.arange(0, 128, layout=gl.SliceLayout(1, _MMA)))
+    heads = gl.arange(0, HEADS, layout=gl.SliceLayout(0, _MMA))
+    live_heads = heads < GROUP
+    heads = kv_head * GROUP + heads
+    part = part_out_ptr + b * part_strides[0] + heads[None, :] * part_strides[1] + split * part_strides[2]
+    gl.store(part + rows[:, None], acc * inv_l[None, :], mask=live_heads[None, :])
+    gl.store(part_lse_ptr + b * lse_strides[0] + heads * lse_strides[1] + split, lse, mask=live_heads)
+
+
+def _words(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 (batch, kv_heads, tokens, 64) code rows as int32 words (a view; the rows must be 4-byte aligned)."""
+    return codes.view(torch.int32)
+
+
+def mma_split(q_rot: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Tensor, v_codes: torch.Tensor,
+              v_norms: torch.Tensor, seq_lens: torch.Tensor, cache_format: CacheFormat, part_out: torch.Tensor,
+              part_lse: torch.Tensor, tokens_per_split: int, block_n: int, scale_log2: float, prefetch: bool) -> None:
+    """Launch :func:`mma_split_kernel` over ``part_out`` (batch, query heads, splits, 128) / ``part_lse``.
+    ``q_rot``: (batch, query heads, 128) fp16 rotated queries in :func:`key_channel_order`."""
+    batch, n_heads, _ = q_rot.shape
+    n_kv_heads, splits = k_codes.shape[1], part_out.shape[2]
+    group = n_heads // n_kv_heads
+    k_words, v_words = _words(k_codes), _words(v_codes)
+    mma_split_kernel[(batch, n_kv_heads, splits)](
+        q_rot, k_words, k_norms, v_words, v_norms, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
+        cache_format.mma_tables[0], cache_format.mma_tables[1], tokens_per_split, q_rot.stride()[:2],
+        k_words.stride()[:3], k_norms.stride(), v_words.stride()[:3], v_norms.stride(), part_out.stride()[:3],
+        part_lse.stride()[:2], scale_log2,
+        GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, PREFETCH=prefetch, num_warps=1,
+    )
+
+
+def default_mma_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device, block_n: int,
+                       warps_per_sm: int = 16) -> int:
+    """Splits so that about ``warps_per_sm`` one-warp programs run per SM, at least one tile per split."""
+    n_sm = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    wanted = triton.cdiv(warps_per_sm * n_sm, batch * n_kv_heads)
+    return max(1, min(wanted, triton.cdiv(max_tokens, block_n)))
