@@ -2,7 +2,7 @@
 
     python -m benchmarks.compile_offline                 # decode + scores variants of session 5, sm_90
     python -m benchmarks.compile_offline --arch 90 --ops decode
-    python -m benchmarks.compile_offline --ops mma      # the register-operand kernel (Gluon) at 16-64 tokens
+    python -m benchmarks.compile_offline --ops mma      # the register-operand kernel (Gluon), 16-64 tokens
 
 Each launch of the entry points (called on small CPU tensors of the benchmark's shapes: 32 query / 8 KV heads,
 d = 128) is compiled by ``triton.compile`` for the target instead of being run (Triton's argument binder and
@@ -111,11 +111,12 @@ def _session5_calls(ops: list[str]):
             lead = (1, 8, 64)
             codes = tq.pack_codes(torch.randint(0, 16, (*lead, dim), generator=gen), 4)
             norms = torch.rand(*lead, generator=gen).half()
-            for block_n in (16, 32, 64):
-                label["now"] = f"decode K4V4 mma bn{block_n}"
+            for block_n, stages in ((16, 2), (32, 2), (32, 1), (64, 1)):
+                label["now"] = f"decode K4V4 mma bn{block_n}" + (" prefetch" if stages > 1 else "")
                 decode_attention_triton(torch.randn(1, 32, dim, generator=gen), codes, norms, codes, norms,
                                         torch.tensor([64], dtype=torch.int32), k_centroids=cb, v_centroids=cb,
-                                        k_bits=4, v_bits=4, rotation=rot, num_splits=1, block_n=block_n, kernel="mma")
+                                        k_bits=4, v_bits=4, rotation=rot, num_splits=1, block_n=block_n,
+                                        num_stages=stages, kernel="mma")
         for bits in (4, 3) if {"decode", "scores"} & set(ops) else ():
             cb = tq.lloyd_max_codebook(dim, bits).centroids_tensor()
             lead = (1, 8, 64)

@@ -107,12 +107,12 @@ def test_channel_orders_are_permutations() -> None:
         assert sorted(order.tolist()) == list(range(128))
 
 
-def _format(bits: int = 4, dim: int = 128, groups: int = 1) -> CacheFormat:
+def _format(bits: int = 4, dim: int = 128, groups: int = 1, device: str = "cpu") -> CacheFormat:
     def stream(seed):
         layout = [(dim, bits)] if groups == 1 else [(32, 4), (dim - 32, 3)]
-        return [ChannelGroup(m, b, tq.make_rotation("haar", m, seed=seed + i).matrix(),
-                             tq.lloyd_max_codebook(m, b).centroids_tensor()) for i, (m, b) in enumerate(layout)]
-    return CacheFormat.build(stream(0), stream(5), "cpu")
+        return [ChannelGroup(m, b, tq.make_rotation("haar", m, seed=seed + i, device=device).matrix(),
+                             tq.lloyd_max_codebook(m, b).centroids_tensor(device)) for i, (m, b) in enumerate(layout)]
+    return CacheFormat.build(stream(0), stream(5), device)
 
 
 def test_refuses_what_it_does_not_read() -> None:
@@ -123,15 +123,16 @@ def test_refuses_what_it_does_not_read() -> None:
     assert "GQA" in mma.mma_unsupported(_format(), 32, 1)
 
 
-def test_launch_names_the_refusal() -> None:
+def test_launch_names_the_refusal(device) -> None:
     from turboquant.kernels.decode_attention import decode_attention_groups_triton
 
-    cache_format = _format(bits=3)
+    cache_format = _format(bits=3, device=str(device))
     lead = (1, 8, 4)
-    codes = [g.packed(torch.zeros(*lead, 48, dtype=torch.uint8), torch.ones(lead)) for g in cache_format.key_groups]
+    codes = [g.packed(torch.zeros(*lead, 48, dtype=torch.uint8, device=device), torch.ones(lead, device=device))
+             for g in cache_format.key_groups]
     with pytest.raises(ValueError, match="kernel='mma'.*4-bit"):
-        decode_attention_groups_triton(torch.zeros(1, 32, 128), codes, codes, torch.tensor([4]), cache_format,
-                                       kernel="mma")
+        decode_attention_groups_triton(torch.zeros(1, 32, 128, device=device), codes, codes,
+                                       torch.tensor([4], device=device), cache_format, kernel="mma")
 
 
 def test_query_map_gathers_the_rotated_query_in_key_order() -> None:
@@ -158,7 +159,7 @@ def test_compiles_for_sm90_with_operands_in_registers() -> None:
     keys = [k.strip() for k in header.strip("|").split("|")]
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
             if "mma_split_kernel" in line]
-    assert len(rows) == 3  # block_n 16, 32, 64
+    assert len(rows) == 4  # block_n 16 and 32 with prefetch, 32 and 64 without
     for row in rows:
         assert row["stack"] == "0" and int(row["HMMA"]) > 0, row
         assert int(row["LDSM"]) <= 4 and int(row["STS"]) <= 8, row
@@ -169,7 +170,7 @@ def test_compiles_for_sm90_with_operands_in_registers() -> None:
 def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group) -> None:
     from turboquant.kernels.decode_attention import decode_attention_groups_reference, decode_attention_groups_triton
 
-    cache_format = CacheFormat.build(_format().key_groups, _format().value_groups, "cuda")
+    cache_format = _format(device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
     lead = (batch, 2, tokens)
     keys = [g.packed(torch.randint(0, 256, (*lead, 64), dtype=torch.uint8, device="cuda", generator=gen),
@@ -179,6 +180,7 @@ def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group) -> None:
     q = torch.randn(batch, 2 * group, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
     seq_lens = torch.randint(1, tokens + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
     ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format)
-    for splits in (1, 3):
-        out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, kernel="mma", num_splits=splits)
-        assert ((out.double() - ref).norm() / ref.norm()) < 1e-2
+    for splits, block_n, stages in ((1, 32, 2), (3, 32, 1), (2, 16, 2), (1, 64, 1)):
+        out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, kernel="mma", num_splits=splits,
+                                             block_n=block_n, num_stages=stages)
+        assert ((out.double() - ref).norm() / ref.norm()) < 1e-2, (splits, block_n, stages)

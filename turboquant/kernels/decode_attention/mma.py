@@ -111,7 +111,7 @@ def _decoded_keys(words, tables, BLOCK_N: gl.constexpr):
                                   [words, tables[0], tables[1], tables[2], tables[3]],
                                   dtype=(gl.float16,) * 8, is_pure=True, pack=1)
     x = gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])), gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7])))
-    x = gl.permute(gl.reshape(x, (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)), KEY_AXES)
+    x = gl.permute(gl.reshape(x, (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)), KEY_AXES.value)
     return gl.convert_layout(gl.reshape(x, (BLOCK_N, 128)), _OPERAND_A, assert_trivial=True)
 
 
@@ -126,7 +126,7 @@ def _decoded_values(words, tables, BLOCK_N: gl.constexpr):
                         gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7]))),
                 gl.join(gl.join(gl.join(v[8], v[9]), gl.join(v[10], v[11])),
                         gl.join(gl.join(v[12], v[13]), gl.join(v[14], v[15]))))
-    x = gl.permute(gl.reshape(x, (BLOCK_N // 2, 8, 2, 2, 2, 2, 2)), VALUE_AXES)
+    x = gl.permute(gl.reshape(x, (BLOCK_N // 2, 8, 2, 2, 2, 2, 2)), VALUE_AXES.value)
     return gl.convert_layout(gl.reshape(x, (128, BLOCK_N)), _OPERAND_A, assert_trivial=True)
 
 
