@@ -17,11 +17,7 @@ import turboquant as tq
 
 pytest.importorskip("triton.experimental.gluon")
 
-from turboquant.kernels._decode import (  # noqa: E402
-    PRMT_TOKEN_PAIR4,
-    PRMT_WORD4,
-    prmt_byte_tables,
-)
+from turboquant.kernels._decode import PRMT_PAIR4, prmt_byte_tables  # noqa: E402
 from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup, mma  # noqa: E402
 
 from tests.kernels.test_kernel_prmt import _byte_tables, _fp16_bits, run_ptx  # noqa: E402
@@ -31,7 +27,7 @@ def _table(dim: int = 128) -> np.ndarray:
     return tq.lloyd_max_codebook(dim, 4).centroids_tensor().numpy().astype(np.float16)
 
 
-def _words(seed: int, n: int = 400) -> list[int]:
+def _words(seed: int, n: int = 300) -> list[int]:
     rng = np.random.default_rng(seed)
     every = [sum(((c + k) % 16) << (4 * k) for k in range(8)) for c in range(16)]  # every code at every position
     return every + [int(w) for w in rng.integers(0, 2 ** 32, size=n, dtype=np.uint64)] + [0, 2 ** 32 - 1]
@@ -43,24 +39,18 @@ def test_host_byte_tables_are_the_device_ones() -> None:
         v - (1 << 32) if v >= 1 << 31 else v for v in _byte_tables(table[8:]))
 
 
-def test_word_program_decodes_every_code_at_every_position() -> None:
-    table = _table()
+@pytest.mark.parametrize("dim", [64, 128])
+def test_pair_program_decodes_every_code_of_both_words(dim) -> None:
+    table = _table(dim)
     lo0, lo1, hi0, hi1 = _byte_tables(table[8:])
     expected = _fp16_bits(table)
-    for word in _words(0):
-        out = run_ptx(PRMT_WORD4.value, {8: word, 9: lo0, 10: lo1, 11: hi0, 12: hi1})
-        assert [out[n] for n in range(8)] == [expected[(word >> (4 * n)) & 15] for n in range(8)], hex(word)
-
-
-def test_token_pair_program_decodes_both_tokens() -> None:
-    table = _table(64)
-    lo0, lo1, hi0, hi1 = _byte_tables(table[8:])
-    expected = _fp16_bits(table)
-    words = _words(1)
+    words = _words(dim)
     for a, b in zip(words, reversed(words)):
-        out = run_ptx(PRMT_TOKEN_PAIR4.value, {16: a, 17: b, 18: lo0, 19: lo1, 20: hi0, 21: hi1})
-        for c in range(8):
-            assert (out[2 * c], out[2 * c + 1]) == (expected[(a >> (4 * c)) & 15], expected[(b >> (4 * c)) & 15])
+        # pack=2: each scalar operand is passed once per packed element ($10/$11, $12/$13, ...)
+        out = run_ptx(PRMT_PAIR4.value, {8: a, 9: b, 10: lo0, 11: lo0, 12: lo1, 13: lo1, 14: hi0, 15: hi0,
+                                         16: hi1, 17: hi1})
+        for c in range(8):  # $c: code c of A in the low half, of B in the high half
+            assert out[c] == expected[(a >> (4 * c)) & 15] | expected[(b >> (4 * c)) & 15] << 16, (hex(a), hex(b), c)
 
 
 def _join_tree(outputs: list[np.ndarray]) -> np.ndarray:
@@ -73,33 +63,35 @@ def _join_tree(outputs: list[np.ndarray]) -> np.ndarray:
     return _join_tree(pairs) if half > 1 else pairs[0]
 
 
+def _planes(value) -> list[np.ndarray]:
+    """What the 8 outputs of PRMT_PAIR4 hold for a word tile, as a function ``value(c)`` of the code index c."""
+    return [value(c) for c in range(8)]
+
+
 @pytest.mark.parametrize("block_n", [16, 32, 64])
 def test_key_tile_columns_are_the_key_channel_order(block_n) -> None:
-    token = np.arange(block_n)[:, None].repeat(16, 1)
     word = np.arange(16)[None, :].repeat(block_n, 0)
-    outputs = [8 * word + n for n in range(8)]  # code n of word w is rotated channel 8w + n (PRMT_WORD4: $n)
-    tile = np.transpose(_join_tree(outputs).reshape(block_n, *(2,) * 7), mma.KEY_AXES.value).reshape(block_n, 128)
-    rows = np.transpose(_join_tree([token] * 8).reshape(block_n, *(2,) * 7), mma.KEY_AXES.value).reshape(block_n, 128)
-    assert (tile == mma.key_channel_order().numpy()[None, :]).all()
-    assert (rows == np.arange(block_n)[:, None]).all()
+    token = np.arange(block_n)[:, None].repeat(16, 1)
+
+    def tile(planes):
+        joined = _join_tree(planes).reshape(block_n, *(2,) * 7)
+        return np.transpose(joined, mma.KEY_AXES.value).reshape(block_n, 128)
+
+    assert (tile(_planes(lambda c: 8 * word + c)) == mma.key_channel_order().numpy()[None, :]).all()
+    assert (tile(_planes(lambda c: token)) == np.arange(block_n)[:, None]).all()
 
 
 @pytest.mark.parametrize("block_n", [16, 32, 64])
 def test_value_tile_rows_are_the_value_channel_order(block_n) -> None:
-    words = np.arange(16)[None, None, :].repeat(block_n // 2, 0).repeat(2, 1)  # (token pair, e, word)
-    tokens = (2 * np.arange(block_n // 2)[:, None, None] + np.arange(2)[None, :, None]).repeat(16, 2)
-    # the kernel splits the (pairs, word, e) view of the word tile into the even and odd tokens
-    even_w, odd_w = words[:, 0], words[:, 1]
-    even_t, odd_t = tokens[:, 0], tokens[:, 1]
-    channel = [8 * (even_w if e == 0 else odd_w) + c for c in range(8) for e in range(2)]  # $(2c + e)
-    token = [even_t if e == 0 else odd_t for c in range(8) for e in range(2)]
+    word = np.arange(16)[None, :].repeat(block_n, 0)
+    token = np.arange(block_n)[:, None].repeat(16, 1)
 
-    def tile(outputs):
-        joined = _join_tree(outputs).reshape(block_n // 2, 8, *(2,) * 5)
+    def tile(planes):
+        joined = _join_tree(planes).reshape(block_n, 8, *(2,) * 4)
         return np.transpose(joined, mma.VALUE_AXES.value).reshape(128, block_n)
 
-    assert (tile(channel) == mma.value_channel_order().numpy()[:, None]).all()
-    assert (tile(token) == np.arange(block_n)[None, :]).all()
+    assert (tile(_planes(lambda c: 8 * word + c)) == mma.value_channel_order().numpy()[:, None]).all()
+    assert (tile(_planes(lambda c: token)) == np.arange(block_n)[None, :]).all()
 
 
 def test_channel_orders_are_permutations() -> None:

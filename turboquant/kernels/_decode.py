@@ -260,12 +260,12 @@ def prmt_byte_tables(table: torch.Tensor) -> tuple[int, int, int, int]:
     return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in packed)
 
 
-def _nibble_word_lines(src: str, outs: list[str]) -> list[str]:
+def _nibble_pair_lines(src: str, outs: list[str]) -> list[str]:
     """PTX lines decoding the 8 4-bit codes of the 32-bit register ``src`` (code n at bits 4n..4n+3) to fp16 values of
-    a symmetric codebook, written to the 16-bit operands ``outs[n]``. As :data:`_PRMT_DECODE4` (sign bit + 3-bit
-    magnitude index, the magnitudes looked up in the byte tables ``$T0..$T3``), but codes n and n + 4 share one
-    32-bit result: their sign bits sit 16 bits apart in ``src`` (bits 4n + 3 and 4n + 19), so one shift and one
-    ``lop3`` per result set both (sign set where the code's top bit is clear). Per 8 codes: 4 ops for the magnitude
+    a symmetric codebook, codes n and n + 4 as one fp16 pair written to ``outs[n]`` (n = 0..3). As
+    :data:`_PRMT_DECODE4` (sign bit + 3-bit magnitude index, the magnitudes looked up in the byte tables
+    ``$T0..$T3``), but the sign bits of a pair sit 16 bits apart in ``src`` (bits 4n + 3 and 4n + 19), so one shift
+    and one ``lop3`` set both (sign set where the code's top bit is clear). Per 8 codes: 4 ops for the magnitude
     indices, 2 ``prmt`` that gather the selector nibbles, 4 + 4 ``prmt`` for the table bytes and their
     interleaving, 7 for the signs."""
     lines = [f"not.b32 s, {src};", "shr.u32 s, s, 3;", "and.b32 s, s, 0x11111111;", "mul.lo.u32 s, s, 7;",
@@ -277,33 +277,21 @@ def _nibble_word_lines(src: str, outs: list[str]) -> list[str]:
             shift = 12 - 4 * n
             lines += [f"prmt.b32 r, lo, hi, {interleave};",
                       f"shl.b32 t, {src}, {shift};" if shift else f"mov.b32 t, {src};",
-                      "not.b32 t, t;", "and.b32 t, t, 0x80008000;", "or.b32 r, r, t;",
-                      f"mov.b32 {{{outs[n]}, {outs[n + 4]}}}, r;"]
+                      "not.b32 t, t;", "and.b32 t, t, 0x80008000;", f"or.b32 {outs[n]}, r, t;"]
     return lines
 
 
-def _nibble_program(lines: list[str], tables: list[str]) -> str:
-    body = "\n".join(lines)
-    for i, operand in enumerate(tables):
-        body = body.replace(f"$T{i}", operand)
-    return "{\n.reg .b32 s, j, sel, lo, hi, r, t, x;\n" + body + "\n}"
-
-
-# One invocation: a word of 8 4-bit codes in $8 -> the fp16 value of code n in $n (n = 0..7); $9..$12 the byte
-# tables of the magnitudes (_byte_tables(table + 8)). Codes n and n + 4 leave the program in one 32-bit register.
-PRMT_WORD4 = tl.constexpr(_nibble_program(_nibble_word_lines("$8", [f"${n}" for n in range(8)]),
-                                          ["$9", "$10", "$11", "$12"]))
-PRMT_WORD4_CONSTRAINTS = tl.constexpr(",".join(["=h"] * 8 + ["r"] * 5))
-
-# One invocation: the words of the same 8 channels of two tokens A ($16) and B ($17) -> code c of A in $(2c) and of
-# B in $(2c + 1) (c = 0..7); $18..$21 the magnitude byte tables. The low (high) halves of the two words are joined
-# first (one prmt each), so each decoded 32-bit register holds (A, B) of one channel: the pair an MMA operand whose
-# K dimension is tokens wants in one register.
-PRMT_TOKEN_PAIR4 = tl.constexpr(_nibble_program(
-    ["prmt.b32 x, $16, $17, 0x5410;"] + _nibble_word_lines("x", [f"${2 * (n % 4) + n // 4}" for n in range(8)])
-    + ["prmt.b32 x, $16, $17, 0x7632;"] + _nibble_word_lines("x", [f"${8 + 2 * (n % 4) + n // 4}" for n in range(8)]),
-    ["$18", "$19", "$20", "$21"]))
-PRMT_TOKEN_PAIR4_CONSTRAINTS = tl.constexpr(",".join(["=h"] * 16 + ["r"] * 6))
+# One invocation (``pack=2``): two words A ($8) and B ($9) of 8 4-bit codes -> $c = the fp16 pair (code c of A,
+# code c of B), c = 0..7; $10, $12, $14, $16: the magnitude byte tables (_byte_tables(table + 8); each scalar is
+# passed once per packed element). The low (high) halves of the two words are joined first, one prmt each, so that
+# codes c of A and of B are codes n and n + 4 of one register for the decoder above. A register MMA operand wants
+# exactly such pairs: the same token's channels (keys, A and B two words of a row) or the same channel of two tokens
+# (values, A and B the rows of tokens 2p and 2p + 1).
+PRMT_PAIR4 = tl.constexpr("{\n.reg .b32 s, j, sel, lo, hi, r, t, x;\n" + "\n".join(
+    line.replace("$T0", "$10").replace("$T1", "$12").replace("$T2", "$14").replace("$T3", "$16")
+    for line in ["prmt.b32 x, $8, $9, 0x5410;", *_nibble_pair_lines("x", ["$0", "$1", "$2", "$3"]),
+                 "prmt.b32 x, $8, $9, 0x7632;", *_nibble_pair_lines("x", ["$4", "$5", "$6", "$7"])]) + "\n}")
+PRMT_PAIR4_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 10))
 
 
 @triton.jit

@@ -189,14 +189,13 @@ def _combine(part_out: torch.Tensor, part_lse: torch.Tensor, cache_format: Cache
     out = torch.empty((batch, n_heads, dim), dtype=dtype, device=part_out.device)
     lse = torch.empty((batch, n_heads), dtype=torch.float32, device=part_out.device) if return_lse else part_lse
     perm = part_lse if value_permutation is None else value_permutation.to(part_out.device)
-    combine_m = 16
-    combine_kernel[(batch, triton.cdiv(n_heads, combine_m))](
+    combine_kernel[(batch, n_heads)](
         part_out, part_lse, cache_format.value_rotation, perm, out, lse,
-        n_heads, num_splits, dim,
+        num_splits, dim,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), perm.stride(0), perm.stride(1),
-        GROUP=group, BLOCK_M=combine_m, BLOCK_D=pow2_at_least(dim), BLOCK_J=32, WRITE_LSE=return_lse,
-        PERMUTED=value_permutation is not None, num_warps=4,
+        GROUP=group, BLOCK_S=min(64, pow2_at_least(num_splits, floor=1)), BLOCK_D=pow2_at_least(dim), BLOCK_J=32,
+        WRITE_LSE=return_lse, PERMUTED=value_permutation is not None, num_warps=4,
     )
     return (out, lse) if return_lse else out
 

@@ -29,7 +29,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .._decode import PRMT_TOKEN_PAIR4, PRMT_TOKEN_PAIR4_CONSTRAINTS, PRMT_WORD4, PRMT_WORD4_CONSTRAINTS
+from .._decode import PRMT_PAIR4, PRMT_PAIR4_CONSTRAINTS
 
 if TYPE_CHECKING:
     from .format import CacheFormat
@@ -45,13 +45,13 @@ _ROWS = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]))
 
 
 def key_channel_order(dim: int = HEAD_DIM) -> torch.Tensor:
-    """Rotated channel at each position k of the key reduction. With k = e + 2t + 8h + 16 s0 + 32u, lane t of a
-    fragment decodes words 4t + u of its token (channels 32t + 8u + n), and code n = 4e + 2 s0 + h of a word
-    lands at position k (e: the pair a 32-bit register holds, h: the +8 column of the fragment, s0 and u: the
-    16-column block)."""
+    """Rotated channel at each position k of the key reduction. With k = u0 + 2t + 8c + 64 u1, lane t of a fragment
+    decodes words 4t + 2 u1 + u0 of its token (channels 8 (4t + 2 u1 + u0) + c), and code c of that word lands at
+    position k: u0 is the pair a 32-bit operand register holds, t the lane, c and u1 the +8 column and the
+    16-column blocks of the fragment."""
     k = torch.arange(dim)
-    e, t, h, s0, u = k & 1, (k >> 1) & 3, (k >> 3) & 1, (k >> 4) & 1, k >> 5
-    return 8 * (4 * t + u) + 4 * e + 2 * s0 + h
+    u0, t, c, u1 = k & 1, (k >> 1) & 3, (k >> 3) & 7, k >> 6
+    return 8 * (4 * t + 2 * u1 + u0) + c
 
 
 def value_channel_order(dim: int = HEAD_DIM) -> torch.Tensor:
@@ -77,40 +77,52 @@ def mma_unsupported(cache_format: CacheFormat, n_heads: int, n_kv_heads: int) ->
     return None
 
 
-# How a decoded tile's axes are permuted into the MMA operand. The asm outputs of one word are joined pairwise
-# (outputs 2i and 2i + 1 innermost, then pairs of pairs), which appends the bits of the output index as axes,
-# least significant first, after the word tile's own axes.
-# Keys: (token, words as t1 t0 u1 u0, code n = 4e + 2 s0 + h as h s0 e) -> (token, u1 u0 s0 h t1 t0 e), so that
-# column k = e + 2t + 8h + 16 s0 + 32u (key_channel_order).
-KEY_AXES = gl.constexpr((0, 3, 4, 6, 5, 1, 2, 7))
-# Values: (token pair p, words as g w, output 2c + e as e c0 c1 c2) -> (c2 c1 c0 w g, p e), so that row
-# m = g + 8w + 16c (value_channel_order) and column = token 2p + e.
-VALUE_AXES = gl.constexpr((6, 5, 4, 2, 1, 0, 3))
+# How a decoded tile's axes become the MMA operand. PRMT_PAIR4's 8 outputs (code c of a word pair) are joined pairwise,
+# outputs 2i and 2i + 1 innermost, which appends the bits of c as axes, least significant first.
+# Keys: (token, word as t1 t0 u1 u0, c0 c1 c2) -> (token, u1 c2 c1 c0 t1 t0 u0): column k = u0 + 2t + 8c + 64 u1.
+KEY_AXES = gl.constexpr((0, 3, 7, 6, 5, 1, 2, 4))
+# Values: (token, word as g w, c0 c1 c2) -> (c2 c1 c0 w g, token): row m = g + 8w + 16c.
+VALUE_AXES = gl.constexpr((5, 4, 3, 2, 1, 0))
 
 
 @gluon.constexpr_function
 def _key_words_layout(block_n):
-    """(BLOCK_N tokens, 16 words): lane 4g + t holds words 4t..4t+3 (one 16-byte load) of tokens g + 8r."""
+    """(BLOCK_N tokens, 16 words): lane 4g + t holds words 4t..4t+3 (one 16-byte load) of tokens g + 8r; words 4t + 2u1
+    and 4t + 2u1 + 1 are consecutive registers (the pair PRMT_PAIR4 decodes)."""
     tokens = [[8 << i, 0] for i in range(block_n.bit_length() - 4)]
     return gl.DistributedLinearLayout([[0, 1], [0, 2]] + tokens, [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], [], [],
                                       [block_n, 16])
 
 
 @gluon.constexpr_function
-def _value_words_layout(block_n):
-    """(BLOCK_N tokens, 16 words): lane 4g + t holds words 2g, 2g+1 (one 8-byte load) of tokens 2t + {0, 1} + 8r."""
+def _value_words_layout(block_n, pairs_first):
+    """(BLOCK_N tokens, 16 words): lane 4g + t holds words 2g, 2g + 1 of tokens 2t + {0, 1} + 8r. Loaded with the two
+    words of a token in consecutive registers (one 8-byte load); decoded with tokens 2t and 2t + 1 consecutive
+    (``pairs_first``: the pair PRMT_PAIR4 decodes). The two differ only in register order."""
+    word, pair = [0, 1], [1, 0]
     tokens = [[8 << i, 0] for i in range(block_n.bit_length() - 4)]
-    return gl.DistributedLinearLayout([[0, 1], [1, 0]] + tokens, [[2, 0], [4, 0], [0, 2], [0, 4], [0, 8]], [], [],
-                                      [block_n, 16])
+    return gl.DistributedLinearLayout([pair, word] + tokens if pairs_first else [word, pair] + tokens,
+                                      [[2, 0], [4, 0], [0, 2], [0, 4], [0, 8]], [], [], [block_n, 16])
+
+
+@gluon.jit
+def _decode_pairs(words, tables):
+    """The 8 code planes of word pairs (consecutive registers of ``words``): fp16 tensors of ``words``' shape."""
+    return gl.inline_asm_elementwise(PRMT_PAIR4, PRMT_PAIR4_CONSTRAINTS,
+                                     [words, tables[0], tables[1], tables[2], tables[3]],
+                                     dtype=(gl.float16,) * 8, is_pure=True, pack=2)
+
+
+@gluon.jit
+def _join_planes(v):
+    """The 8 planes of :func:`_decode_pairs` as one tensor with three more axes (c0, c1, c2)."""
+    return gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])), gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7])))
 
 
 @gluon.jit
 def _decoded_keys(words, tables, BLOCK_N: gl.constexpr):
     """(BLOCK_N, 16) key words -> (BLOCK_N, 128) fp16 in the A layout, columns in :func:`key_channel_order`."""
-    v = gl.inline_asm_elementwise(PRMT_WORD4, PRMT_WORD4_CONSTRAINTS,
-                                  [words, tables[0], tables[1], tables[2], tables[3]],
-                                  dtype=(gl.float16,) * 8, is_pure=True, pack=1)
-    x = gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])), gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7])))
+    x = _join_planes(_decode_pairs(words, tables))
     x = gl.permute(gl.reshape(x, (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)), KEY_AXES.value)
     return gl.convert_layout(gl.reshape(x, (BLOCK_N, 128)), _OPERAND_A, assert_trivial=True)
 
@@ -118,15 +130,9 @@ def _decoded_keys(words, tables, BLOCK_N: gl.constexpr):
 @gluon.jit
 def _decoded_values(words, tables, BLOCK_N: gl.constexpr):
     """(BLOCK_N, 16) value words -> (128, BLOCK_N) fp16 in the A layout, rows in :func:`value_channel_order`."""
-    even, odd = gl.split(gl.permute(gl.reshape(words, (BLOCK_N // 2, 2, 16)), (0, 2, 1)))
-    v = gl.inline_asm_elementwise(PRMT_TOKEN_PAIR4, PRMT_TOKEN_PAIR4_CONSTRAINTS,
-                                  [even, odd, tables[0], tables[1], tables[2], tables[3]],
-                                  dtype=(gl.float16,) * 16, is_pure=True, pack=1)
-    x = gl.join(gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])),
-                        gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7]))),
-                gl.join(gl.join(gl.join(v[8], v[9]), gl.join(v[10], v[11])),
-                        gl.join(gl.join(v[12], v[13]), gl.join(v[14], v[15]))))
-    x = gl.permute(gl.reshape(x, (BLOCK_N // 2, 8, 2, 2, 2, 2, 2)), VALUE_AXES.value)
+    words = gl.convert_layout(words, _value_words_layout(BLOCK_N, True), assert_trivial=True)
+    x = _join_planes(_decode_pairs(words, tables))
+    x = gl.permute(gl.reshape(x, (BLOCK_N, 8, 2, 2, 2, 2)), VALUE_AXES.value)
     return gl.convert_layout(gl.reshape(x, (128, BLOCK_N)), _OPERAND_A, assert_trivial=True)
 
 
@@ -173,7 +179,7 @@ def mma_split_kernel(
     q_t = gl.convert_layout(q_t, _OPERAND_B)
 
     KEY_WORDS: gl.constexpr = _key_words_layout(BLOCK_N)
-    VALUE_WORDS: gl.constexpr = _value_words_layout(BLOCK_N)
+    VALUE_WORDS: gl.constexpr = _value_words_layout(BLOCK_N, False)
     k_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, KEY_WORDS))
     k_col = gl.arange(0, 16, layout=gl.SliceLayout(0, KEY_WORDS))
     v_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, VALUE_WORDS))
