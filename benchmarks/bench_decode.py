@@ -140,7 +140,8 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
             if kw.get("kernel") == "mma":
                 from turboquant.kernels.decode_attention.mma import default_mma_splits
 
-                splits = default_mma_splits(bsz, HEADS_KV, ctx, device, kw.get("block_n") or 32)
+                splits = default_mma_splits(bsz, HEADS_KV, ctx, device, kw.get("block_n") or 32, HEADS_Q // HEADS_KV,
+                                            kw.get("num_stages", 2) > 1)
             else:
                 kw["decoder"] = resolve_decoder(kw.get("decoder", "auto"), device, lambda: cache_format.symmetric)
                 splits = default_num_splits(bsz, HEADS_KV, ctx, device,

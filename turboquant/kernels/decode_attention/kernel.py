@@ -11,8 +11,8 @@ gather, register codebook by selects, or inline-PTX ``prmt`` for 3- and 4-bit co
 a broadcast multiply and ``tl.sum``, so the decoded tile is never staged through shared memory for an MMA; decode is
 a matrix-vector product per query head, worth it for small GQA groups).
 
-Kernel 2 (:func:`combine_kernel`): one program per (batch row, query head) merges the splits by their
-log-sum-exp (``BLOCK_S`` splits per load) and applies the block-diagonal ``Pi_V^T``, writing the output in the
+Kernel 2 (:func:`combine_kernel`): one program per (batch row, KV head) merges the splits of its GQA group by
+their log-sum-exp (``BLOCK_S`` splits per load) and applies the block-diagonal ``Pi_V^T``, writing the output in the
 query's dtype, scattered through ``perm_V`` when values are split.
 """
 from __future__ import annotations
@@ -293,46 +293,54 @@ def combine_kernel(
     part_out_ptr, part_lse_ptr, rot_ptr, perm_ptr, out_ptr, lse_ptr,
     n_splits, dim,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, stride_eb, stride_mb, stride_mh,
-    GROUP: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_J: tl.constexpr,
-    WRITE_LSE: tl.constexpr, PERMUTED: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_J: tl.constexpr, WRITE_LSE: tl.constexpr, PERMUTED: tl.constexpr,
 ):
-    """Merge the splits of (batch row, query head) by their log-sum-exp, ``BLOCK_S`` splits per load, rotate back
-    with the block-diagonal Pi_V^T (``o = o_rot Pi_V``, ``BLOCK_J`` output channels at a time) and, when
-    ``PERMUTED``, scatter channel j to ``perm_V[b, kv_head, j]``; with WRITE_LSE also store the natural log-sum-exp
-    of the scaled logits over all splits (-inf for no tokens)."""
+    """Merge the splits of (batch row, KV head) for its GQA group of query heads by their log-sum-exp, ``BLOCK_S``
+    splits per load, rotate back with the block-diagonal Pi_V^T (``o = o_rot Pi_V``, ``BLOCK_J`` output channels at a
+    time; the matrix is read once per KV head) and, when ``PERMUTED``, scatter channel j to ``perm_V[b, kv_head, j]``;
+    with WRITE_LSE also store the natural log-sum-exp of the scaled logits over all splits (-inf for no tokens)."""
     b = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
+    kv_head = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    row_mask = rows < GROUP
+    heads = kv_head * GROUP + rows
     s_offs = tl.arange(0, BLOCK_S)
     d_offs = tl.arange(0, BLOCK_D)
     d_mask = d_offs < dim
-    lse_row = part_lse_ptr + b * stride_lb + head * stride_lh
-    part_row = part_out_ptr + b * stride_pb + head * stride_ph
-    lse_max = float("-inf")
-    for s0 in range(0, n_splits, BLOCK_S):
-        lse = tl.load(lse_row + s0 + s_offs, mask=s0 + s_offs < n_splits, other=float("-inf"))
-        lse_max = tl.maximum(lse_max, tl.max(lse, axis=0))
-    shift = tl.where(lse_max > float("-inf"), lse_max, 0.0)
-    total = 0.0
-    o_rot = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    lse_rows = part_lse_ptr + b * stride_lb + heads[:, None] * stride_lh
+    part_rows = part_out_ptr + b * stride_pb + heads[:, None, None] * stride_ph
+    lse_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     for s0 in range(0, n_splits, BLOCK_S):
         splits = s0 + s_offs
-        weight = tl.exp2(tl.load(lse_row + splits, mask=splits < n_splits, other=float("-inf")) - shift)
-        part = tl.load(part_row + splits[:, None] * stride_ps + d_offs[None, :],
-                       mask=(weight > 0)[:, None] & d_mask[None, :], other=0.0)
-        o_rot += tl.sum(weight[:, None] * part, axis=0)
-        total += tl.sum(weight, axis=0)
-    o_rot = o_rot / tl.where(total > 0, total, 1.0)
+        lse = tl.load(lse_rows + splits[None, :], mask=row_mask[:, None] & (splits < n_splits)[None, :],
+                      other=float("-inf"))
+        lse_max = tl.maximum(lse_max, tl.max(lse, axis=1))
+    shift = tl.where(lse_max > float("-inf"), lse_max, 0.0)
+    total = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    o_rot = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for s0 in range(0, n_splits, BLOCK_S):
+        splits = s0 + s_offs
+        lse = tl.load(lse_rows + splits[None, :], mask=row_mask[:, None] & (splits < n_splits)[None, :],
+                      other=float("-inf"))
+        weight = tl.exp2(lse - shift[:, None])
+        part = tl.load(part_rows + splits[None, :, None] * stride_ps + d_offs[None, None, :],
+                       mask=(weight > 0)[:, :, None] & d_mask[None, None, :], other=0.0)
+        o_rot += tl.sum(weight[:, :, None] * part, axis=1)
+        total += tl.sum(weight, axis=1)
+    o_rot = o_rot / tl.where(total > 0, total, 1.0)[:, None]
     if WRITE_LSE:
         lse2 = tl.where(total > 0, shift + tl.log2(tl.where(total > 0, total, 1.0)), float("-inf"))
-        tl.store(lse_ptr + b * stride_eb + head, lse2 * 0.6931471805599453)
+        tl.store(lse_ptr + b * stride_eb + heads, lse2 * 0.6931471805599453, mask=row_mask)
     for j0 in range(0, dim, BLOCK_J):
         j_offs = j0 + tl.arange(0, BLOCK_J)
         j_mask = j_offs < dim
         rot = tl.load(rot_ptr + d_offs[:, None] * dim + j_offs[None, :], mask=d_mask[:, None] & j_mask[None, :],
                       other=0.0)
-        o = tl.sum(o_rot[:, None] * rot, axis=0)
+        o = tl.sum(o_rot[:, :, None] * rot[None, :, :], axis=1)
         if PERMUTED:
-            channels = tl.load(perm_ptr + b * stride_mb + (head // GROUP) * stride_mh + j_offs, mask=j_mask, other=0)
+            channels = tl.load(perm_ptr + b * stride_mb + kv_head * stride_mh + j_offs, mask=j_mask, other=0)
         else:
             channels = j_offs
-        tl.store(out_ptr + b * stride_ob + head * stride_oh + channels, o.to(out_ptr.dtype.element_ty), mask=j_mask)
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + channels[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & j_mask[None, :])

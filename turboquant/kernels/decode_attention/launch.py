@@ -16,6 +16,7 @@ from .format import MAX_CHANNEL_GROUPS, CacheFormat, check_inputs, one_group_cac
 from .kernel import combine_kernel, decode_split_kernel
 
 SPLIT_KERNELS = ("tiles", "mma")
+_COMBINE_TILE = 8192  # elements of the combine kernel's 3-D tiles: 64 fp32 registers per thread at 4 warps
 
 
 def default_block_n(cache_format: CacheFormat, decoder: str) -> int:
@@ -110,7 +111,8 @@ def decode_attention_groups_triton(
         kernel: the split kernel: ``"tiles"`` (:mod:`.kernel`, every layout; ``decoder`` / ``inner`` / ``lookup``
             choose its inner loop) or ``"mma"`` (:mod:`.mma`, Gluon, GPU only: decoded codes as register operands
             of ``mma.sync``, for the layouts :func:`.mma.mma_unsupported` accepts; one-warp programs, ``block_n``
-            default 32, ``num_stages`` > 1 loads the next tile before decoding the current one).
+            default 32, ``num_stages`` > 1 loads the next tile before decoding the current one, ``num_splits``
+            default one wave of resident programs: :func:`.mma.default_mma_splits`).
         return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
             (batch, query_heads), ``-inf`` for a row without tokens: what an exact merge with attention over
             other tokens needs (``o = sum_i exp(lse_i - lse) o_i``, ``lse = log sum_i exp(lse_i)``).
@@ -126,32 +128,28 @@ def decode_attention_groups_triton(
     group = n_heads // n_kv_heads
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     if kernel == "mma":  # Gluon, imported only here: Triton releases before Gluon still run the tile kernel
-        from .mma import default_mma_splits, mma_split, mma_unsupported
+        from .mma import mma_split, mma_unsupported
 
         reason = mma_unsupported(cache_format, n_heads, n_kv_heads)
         if reason is not None:
             raise ValueError(f"kernel='mma': {reason}")
-        block_n = block_n or 32
-        num_splits = num_splits or default_mma_splits(batch, n_kv_heads, max_tokens, q.device, block_n)
-    else:
-        decoder = resolve_decoder(decoder, q.device, lambda: cache_format.symmetric)
-        block_n = block_n or default_block_n(cache_format, decoder)
-        num_splits = num_splits or default_num_splits(batch, n_kv_heads, max_tokens, q.device, block_n)
-    tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
-    num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
-
     q_keyed = q.to(torch.float32)
     if key_permutation is not None:  # q_P: the GQA group of query heads shares its KV head's channel order
         grouped = q_keyed.view(batch, n_kv_heads, group, dim)
         index = key_permutation.to(device=q.device, dtype=torch.int64)[:, :, None].expand(-1, -1, group, -1)
         q_keyed = grouped.gather(-1, index).view(batch, n_heads, dim)
-    part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q.device)
     if kernel == "mma":
         q_rot = (q_keyed @ cache_format.mma_query_map).to(torch.float16)
-        mma_split(q_rot, keys[0].codes, keys[0].norms, values[0].codes, values[0].norms, seq_lens, cache_format,
-                  part_out, part_lse, tokens_per_split, block_n, scale * math.log2(math.e), num_stages > 1)
+        part_out, part_lse = mma_split(q_rot, keys[0], values[0], seq_lens, cache_format, num_splits, block_n or 32,
+                                       scale * math.log2(math.e), num_stages > 1)
     else:
+        decoder = resolve_decoder(decoder, q.device, lambda: cache_format.symmetric)
+        block_n = block_n or default_block_n(cache_format, decoder)
+        num_splits = num_splits or default_num_splits(batch, n_kv_heads, max_tokens, q.device, block_n)
+        tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
+        num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
+        part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q.device)
         _tiles_split(q_keyed, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split, scale,
                      group, block_n, decoder if lookup else "none", inner, num_warps, num_stages)
     return _combine(part_out, part_lse, cache_format, value_permutation, q.dtype, group, return_lse)
@@ -189,13 +187,16 @@ def _combine(part_out: torch.Tensor, part_lse: torch.Tensor, cache_format: Cache
     out = torch.empty((batch, n_heads, dim), dtype=dtype, device=part_out.device)
     lse = torch.empty((batch, n_heads), dtype=torch.float32, device=part_out.device) if return_lse else part_lse
     perm = part_lse if value_permutation is None else value_permutation.to(part_out.device)
-    combine_kernel[(batch, n_heads)](
+    rows = pow2_at_least(group, floor=1)
+    block_d = pow2_at_least(dim)
+    per_load = max(1, _COMBINE_TILE // (rows * block_d))  # elements of one (heads, splits or channels, dim) tile
+    combine_kernel[(batch, n_heads // group)](
         part_out, part_lse, cache_format.value_rotation, perm, out, lse,
         num_splits, dim,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), perm.stride(0), perm.stride(1),
-        GROUP=group, BLOCK_S=min(64, pow2_at_least(num_splits, floor=1)), BLOCK_D=pow2_at_least(dim), BLOCK_J=32,
-        WRITE_LSE=return_lse, PERMUTED=value_permutation is not None, num_warps=4,
+        GROUP=group, BLOCK_M=rows, BLOCK_S=min(per_load, pow2_at_least(num_splits, floor=1)), BLOCK_D=block_d,
+        BLOCK_J=per_load, WRITE_LSE=return_lse, PERMUTED=value_permutation is not None, num_warps=4,
     )
     return (out, lse) if return_lse else out
 

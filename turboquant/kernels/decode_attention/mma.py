@@ -21,6 +21,7 @@ each 16 x 16 block; the word layouts below give each lane the code words of exac
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,6 +33,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from .._decode import PRMT_PAIR4, PRMT_PAIR4_CONSTRAINTS
 
 if TYPE_CHECKING:
+    from ...codes import QuantizedVectors
     from .format import CacheFormat
 
 HEAD_DIM = 128
@@ -233,27 +235,65 @@ def _words(codes: torch.Tensor) -> torch.Tensor:
     return codes.view(torch.int32)
 
 
-def mma_split(q_rot: torch.Tensor, k_codes: torch.Tensor, k_norms: torch.Tensor, v_codes: torch.Tensor,
-              v_norms: torch.Tensor, seq_lens: torch.Tensor, cache_format: CacheFormat, part_out: torch.Tensor,
-              part_lse: torch.Tensor, tokens_per_split: int, block_n: int, scale_log2: float, prefetch: bool) -> None:
-    """Launch :func:`mma_split_kernel` over ``part_out`` (batch, query heads, splits, 128) / ``part_lse``.
-    ``q_rot``: (batch, query heads, 128) fp16 rotated queries in :func:`key_channel_order`."""
-    batch, n_heads, _ = q_rot.shape
-    n_kv_heads, splits = k_codes.shape[1], part_out.shape[2]
+def mma_split(q_rot: torch.Tensor, keys: QuantizedVectors, values: QuantizedVectors, seq_lens: torch.Tensor,
+              cache_format: CacheFormat, num_splits: int | None, block_n: int, scale_log2: float,
+              prefetch: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch :func:`mma_split_kernel`: the per-split outputs (batch, query heads, splits, 128) float32 and their
+    log2-sum-exp (batch, query heads, splits). ``q_rot``: (batch, query heads, 128) fp16 rotated queries in
+    :func:`key_channel_order`; ``num_splits`` None: :func:`default_mma_splits`."""
+    batch, n_heads, dim = q_rot.shape
+    n_kv_heads, max_tokens = keys.codes.shape[1], keys.codes.shape[2]
     group = n_heads // n_kv_heads
-    k_words, v_words = _words(k_codes), _words(v_codes)
-    mma_split_kernel[(batch, n_kv_heads, splits)](
-        q_rot, k_words, k_norms, v_words, v_norms, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
+    if num_splits is None:
+        num_splits = default_mma_splits(batch, n_kv_heads, max_tokens, q_rot.device, block_n, group, prefetch)
+    tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
+    part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q_rot.device)
+    part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q_rot.device)
+    k_words, v_words = _words(keys.codes), _words(values.codes)
+    mma_split_kernel[(batch, n_kv_heads, num_splits)](
+        q_rot, k_words, keys.norms, v_words, values.norms, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
         cache_format.mma_tables[0], cache_format.mma_tables[1], tokens_per_split, q_rot.stride()[:2],
-        k_words.stride()[:3], k_norms.stride(), v_words.stride()[:3], v_norms.stride(), part_out.stride()[:3],
-        part_lse.stride()[:2], scale_log2,
-        GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, PREFETCH=prefetch, num_warps=1,
+        k_words.stride()[:3], keys.norms.stride(), v_words.stride()[:3], values.norms.stride(), part_out.stride()[:3],
+        part_lse.stride()[:2], scale_log2, **_meta(group, block_n, prefetch),
     )
+    return part_out, part_lse
+
+
+def _meta(group: int, block_n: int, prefetch: bool) -> dict:
+    return dict(GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, PREFETCH=prefetch, num_warps=1)
+
+
+MAX_BLOCKS_PER_SM = 32  # resident thread blocks per SM on sm_80 - sm_90
+
+
+@functools.cache
+def resident_programs(device_index: int, group: int, block_n: int, prefetch: bool) -> int:
+    """One-warp programs of :func:`mma_split_kernel` that fit on one SM at once: the SM's registers over the
+    kernel's (compiled once, fp16 norms; ptxas allocates registers per warp in units of 256), at most
+    :data:`MAX_BLOCKS_PER_SM`."""
+    from triton.runtime.jit import MockTensor
+
+    i32, f16, f32 = (MockTensor(t) for t in (torch.int32, torch.float16, torch.float32))
+    words, norms = (1 << 20, 1 << 16, 16), (1 << 16, 1 << 12, 1)  # the specializations of a contiguous cache
+    with torch.cuda.device(device_index):
+        compiled = mma_split_kernel.warmup(
+            f16, i32, f16, i32, f16, i32, i32, f32, f32, (3, 3, 3, 3), (3, 3, 3, 3), 1024, (4096, 128), words,
+            norms, words, norms, words, (4096, 64), 1.0, grid=(1,), **_meta(group, block_n, prefetch))
+        compiled._init_handles()  # loads the binary, which is when Triton reads its register count
+    props = torch.cuda.get_device_properties(device_index)
+    registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
+    return max(1, min(MAX_BLOCKS_PER_SM, props.max_threads_per_multi_processor // 32,
+                      props.regs_per_multiprocessor // registers_per_warp))
 
 
 def default_mma_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device, block_n: int,
-                       warps_per_sm: int = 16) -> int:
-    """Splits so that about ``warps_per_sm`` one-warp programs run per SM, at least one tile per split."""
-    n_sm = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    wanted = triton.cdiv(warps_per_sm * n_sm, batch * n_kv_heads)
-    return max(1, min(wanted, triton.cdiv(max_tokens, block_n)))
+                       group: int, prefetch: bool) -> int:
+    """Splits so that the grid is one wave of resident programs (:func:`resident_programs` on every SM: a partial
+    second wave would leave most SMs idle at its end), at least one tile per split."""
+    if device.type != "cuda":
+        return 1
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    wave = resident_programs(index, group, block_n, prefetch) * torch.cuda.get_device_properties(
+        index).multi_processor_count
+    return max(1, min(wave // (batch * n_kv_heads), triton.cdiv(max_tokens, block_n)))
