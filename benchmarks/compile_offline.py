@@ -98,6 +98,9 @@ def _session5_calls(ops: list[str]):
 
     for module in (_layout, launch):
         module.check_device = lambda device: None
+    from turboquant.backends import decode_kernel
+
+    launch.decode_kernel = lambda requested, device, layout: decode_kernel(requested, None, layout)  # judge the layout
     import turboquant.kernels.scores as scores_module
 
     scores_module.check_device = lambda device: None
@@ -117,6 +120,8 @@ def _session5_calls(ops: list[str]):
                                         torch.tensor([64], dtype=torch.int32), k_centroids=cb, v_centroids=cb,
                                         k_bits=4, v_bits=4, rotation=rot, num_splits=1, block_n=block_n,
                                         num_stages=stages, kernel="mma")
+            label["now"] = "scores b=4 mma"
+            mse_scores_triton(torch.randn(8, 4, dim, generator=gen), codes[0], norms[0], cb, 4, kernel="mma")
         for bits in (4, 3) if {"decode", "scores"} & set(ops) else ():
             cb = tq.lloyd_max_codebook(dim, bits).centroids_tensor()
             lead = (1, 8, 64)

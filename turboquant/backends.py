@@ -1,6 +1,6 @@
 """Which implementation serves a configuration, and why the others cannot: the one capability table.
 
-Three choices of implementation exist in the library, and each is made here and nowhere else. Every function
+Four choices of implementation exist in the library, and each is made here and nowhere else. Every function
 returns a :class:`Choice`: the candidate that serves, and for each candidate passed over the reason.
 
 ==================  ================================  =====================================================
@@ -12,6 +12,8 @@ quantizer backend   triton, numba, torch              TurboQuantMSE / TurboQuant
 ANN search path     device, fastscan, lut, dense      TurboQuantIndex (which scorer reads the stored codes)
 decode read path    fused, workspace                  TurboQuantCache's layers (attention straight from the
                                                       packed codes, or over a decoded workspace)
+decode kernel       mma, tiles                        the fused read path's split kernel
+                                                      (``decode_attention_groups_triton``)
 ==================  ================================  =====================================================
 
 A requested candidate that cannot serve raises ``ValueError`` with its reason; ``"auto"`` takes the first that
@@ -31,9 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["FUSED_DECODE_CHOICES", "KERNEL_BITS", "QUANTIZER_BACKENDS", "Choice", "KernelStream", "ann_search_path",
-           "capability_table", "check_fused_decode", "decode_read_path", "fastscan_layout", "lut_layout",
-           "numba_available", "quantizer_backend", "triton_available", "triton_unavailable"]
+__all__ = ["DECODE_KERNELS", "FUSED_DECODE_CHOICES", "KERNEL_BITS", "QUANTIZER_BACKENDS", "Choice", "KernelStream",
+           "ann_search_path", "capability_table", "check_fused_decode", "decode_kernel", "decode_read_path",
+           "fastscan_layout", "gluon_unavailable", "lut_layout", "numba_available", "quantizer_backend",
+           "triton_available", "triton_unavailable"]
 
 #: Code widths the Triton kernels read and write (``turboquant.kernels._layout``: lcm(b, 8)-bit groups).
 KERNEL_BITS = (1, 2, 3, 4)
@@ -42,6 +45,7 @@ PROD_KERNEL_MAX_DIM = 256
 QUANTIZER_BACKENDS = ("auto", "torch", "triton", "numba")
 FUSED_DECODE_CHOICES = (False, True, "auto")
 ANN_SCORERS = ("auto", "dense", "lut", "fastscan")
+DECODE_KERNELS = ("auto", "mma", "tiles")
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,16 @@ def triton_unavailable(device: torch.device | str) -> str | None:
     if not triton_available(device):
         return f"no Triton kernel runs on {device} (a CUDA device, or TRITON_INTERPRET=1)"
     return None
+
+
+def gluon_unavailable(device: torch.device | str) -> str | None:
+    """Why no Gluon kernel (Triton's layout-explicit dialect, GPU only: no interpreter) runs on ``device``, or None."""
+    reason = triton_unavailable(device)
+    if reason is None and torch.device(device).type != "cuda":
+        reason = "Gluon kernels run on a CUDA GPU only (the Triton interpreter does not run them)"
+    if reason is None and importlib.util.find_spec("triton.experimental.gluon") is None:
+        reason = "this Triton has no Gluon (triton.experimental.gluon)"
+    return reason
 
 
 def lut_layout(stage_bits: Sequence[int]) -> bool:
@@ -221,9 +235,22 @@ def decode_read_path(requested: bool | str, device: torch.device | str | None,
     return _decide("decode read path", wanted, {"fused": fused, "workspace": None}, f"fused_decode={requested!r}")
 
 
+def decode_kernel(requested: str, device: torch.device | str | None, layout: str | None) -> Choice:
+    """The split kernel of fused decode attention: ``"mma"`` (Gluon: the decoded codes are the register operands of
+    ``mma.sync``; the fastest measured, ``benchmarks/NOTES.md`` session 16) where it runs and reads the cache's
+    layout, else ``"tiles"`` (every layout, the interpreter too). ``layout``: why the mma kernel cannot read this
+    cache (``CacheFormat.mma_unsupported``), None if it can; ``device`` None: judged by the layout alone."""
+    if requested not in DECODE_KERNELS:
+        raise ValueError(f"kernel must be one of {DECODE_KERNELS}, got {requested!r}")
+    mma = (None if device is None else gluon_unavailable(device)) or layout
+    return _decide("decode kernel", None if requested == "auto" else requested, {"mma": mma, "tiles": None},
+                   f"kernel={requested!r}")
+
+
 def capability_table(device: torch.device | str) -> str:
-    """The table for ``device``: every quantizer at d = 128 under ``backend="auto"``, and the decode read path of
-    K/V caches of 2-5 bits judged by their configuration alone (the device's part is the first line)."""
+    """The table for ``device``: every quantizer at d = 128 under ``backend="auto"``, the decode read path of K/V
+    caches of 2-5 bits judged by their configuration alone (the device's part is the first line), and the fused
+    path's split kernel for a one-group 4-bit cache at head_dim 128 on ``device``."""
     device = torch.device(device)
     lines = [f"device {device}: Triton kernels {'run' if triton_available(device) else 'do not run'} here; "
              f"numba {'installed' if numba_available() else 'not installed'}"]
@@ -234,4 +261,5 @@ def capability_table(device: torch.device | str) -> str:
     for bits in (2, 3, 4, 5):
         streams = [KernelStream("key", "turboquant", bits), KernelStream("value", "turboquant", bits)]
         lines.append(f"  {f'K{bits}/V{bits} cache':<24} {decode_read_path('auto', None, streams)}")
+    lines.append(f"  {'K4/V4 d=128 kernel':<24} {decode_kernel('auto', device, None)}")
     return "\n".join(lines)

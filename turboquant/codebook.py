@@ -286,27 +286,31 @@ def _cached_codebook(dim: int, bits: int, density: str) -> Codebook:
     return codebook
 
 
-_SYMMETRIC_SEEN: dict[int, tuple[weakref.ref, int | None, bool]] = {}
+_HOST_TABLES: dict[int, tuple[weakref.ref, int | None, torch.Tensor]] = {}
+
+
+def host_codebook(centroids: torch.Tensor) -> torch.Tensor:
+    """The codebook as a flat fp16 CPU tensor, read back from the device once per tensor (kept while the same tensor
+    is alive and unmodified), so a CUDA-graph capture may ask only about a table it has asked about before. An
+    inference tensor (made under ``torch.inference_mode``) has no version counter: its copy is kept while it is
+    alive, so a table changed in place inside inference mode is not read again."""
+    version = None if centroids.is_inference() else centroids._version
+    seen = _HOST_TABLES.get(id(centroids))
+    if seen is not None and seen[0]() is centroids and seen[1] == version:
+        return seen[2]
+    if centroids.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError("a kernel reads the codebook back to the host once, which a CUDA-graph capture cannot: call "
+                         "the kernel once before capturing (or build the cache format first)")
+    table = centroids.detach().to("cpu", torch.float16).flatten()
+    key = id(centroids)
+    _HOST_TABLES[key] = (weakref.ref(centroids, lambda _, key=key: _HOST_TABLES.pop(key, None)), version, table)
+    return table
 
 
 def symmetric_codebook(centroids: torch.Tensor) -> bool:
     """True when ``centroids`` are sorted and symmetric in fp16, ``c[2^b - 1 - i] == -c[i]`` (the Lloyd-Max
-    codebook): what the register decoders assume. Reads the table back to the host once per tensor (the answer is
-    kept while the same tensor is alive and unmodified), so a CUDA-graph capture may ask only about a table it has
-    asked about before. An inference tensor (made under ``torch.inference_mode``) has no version counter: its
-    answer is kept while it is alive, so a table changed in place inside inference mode is not asked again."""
+    codebook): what the register decoders assume. Reads the table through :func:`host_codebook`."""
     if centroids.numel() <= 1:
         return True
-    version = None if centroids.is_inference() else centroids._version
-    seen = _SYMMETRIC_SEEN.get(id(centroids))
-    if seen is not None and seen[0]() is centroids and seen[1] == version:
-        return seen[2]
-    if centroids.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise ValueError("symmetric_codebook reads the codebook back to the host, which a CUDA-graph capture "
-                         "cannot: call the kernel once before capturing (or build the cache format first)")
-    table = centroids.detach().to("cpu", torch.float16).flatten()
-    answer = torch.equal(table, -table.flip(0)) and bool((table[1:] > table[:-1]).all())
-    key = id(centroids)
-    _SYMMETRIC_SEEN[key] = (weakref.ref(centroids, lambda _, key=key: _SYMMETRIC_SEEN.pop(key, None)),
-                            version, answer)
-    return answer
+    table = host_codebook(centroids)
+    return torch.equal(table, -table.flip(0)) and bool((table[1:] > table[:-1]).all())

@@ -18,7 +18,8 @@ import turboquant as tq
 pytest.importorskip("triton.experimental.gluon")
 
 from turboquant.kernels._decode import PRMT_PAIR4, prmt_byte_tables  # noqa: E402
-from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup, mma  # noqa: E402
+from turboquant.kernels import _mma  # noqa: E402
+from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup  # noqa: E402
 
 from tests.kernels.test_kernel_prmt import _byte_tables, _fp16_bits, run_ptx  # noqa: E402
 
@@ -75,9 +76,9 @@ def test_key_tile_columns_are_the_key_channel_order(block_n) -> None:
 
     def tile(planes):
         joined = _join_tree(planes).reshape(block_n, *(2,) * 7)
-        return np.transpose(joined, mma.KEY_AXES.value).reshape(block_n, 128)
+        return np.transpose(joined, _mma.KEY_AXES.value).reshape(block_n, 128)
 
-    assert (tile(_planes(lambda c: 8 * word + c)) == mma.key_channel_order().numpy()[None, :]).all()
+    assert (tile(_planes(lambda c: 8 * word + c)) == _mma.key_channel_order().numpy()[None, :]).all()
     assert (tile(_planes(lambda c: token)) == np.arange(block_n)[:, None]).all()
 
 
@@ -88,14 +89,14 @@ def test_value_tile_rows_are_the_value_channel_order(block_n) -> None:
 
     def tile(planes):
         joined = _join_tree(planes).reshape(block_n, 8, *(2,) * 4)
-        return np.transpose(joined, mma.VALUE_AXES.value).reshape(128, block_n)
+        return np.transpose(joined, _mma.VALUE_AXES.value).reshape(128, block_n)
 
-    assert (tile(_planes(lambda c: 8 * word + c)) == mma.value_channel_order().numpy()[:, None]).all()
+    assert (tile(_planes(lambda c: 8 * word + c)) == _mma.value_channel_order().numpy()[:, None]).all()
     assert (tile(_planes(lambda c: token)) == np.arange(block_n)[None, :]).all()
 
 
 def test_channel_orders_are_permutations() -> None:
-    for order in (mma.key_channel_order(), mma.value_channel_order()):
+    for order in (_mma.key_channel_order(), _mma.value_channel_order()):
         assert sorted(order.tolist()) == list(range(128))
 
 
@@ -108,11 +109,23 @@ def _format(bits: int = 4, dim: int = 128, groups: int = 1, device: str = "cpu")
 
 
 def test_refuses_what_it_does_not_read() -> None:
-    assert mma.mma_unsupported(_format(), 32, 8) is None
-    assert "4-bit" in mma.mma_unsupported(_format(bits=3), 32, 8)
-    assert "head_dim" in mma.mma_unsupported(_format(dim=64), 32, 8)
-    assert "one channel group" in mma.mma_unsupported(_format(groups=2), 32, 8)
-    assert "GQA" in mma.mma_unsupported(_format(), 32, 1)
+    assert _format().mma_unsupported(32, 8) is None
+    assert "4-bit" in _format(bits=3).mma_unsupported(32, 8)
+    assert "head_dim" in _format(dim=64).mma_unsupported(32, 8)
+    assert "one channel group" in _format(groups=2).mma_unsupported(32, 8)
+    assert "GQA" in _format().mma_unsupported(32, 1)
+
+
+def test_auto_takes_the_tile_kernel_where_mma_cannot_serve() -> None:
+    from turboquant.backends import decode_kernel
+
+    assert decode_kernel("auto", "cpu", None).chosen == "tiles"  # no Gluon off the GPU
+    assert decode_kernel("auto", None, None).chosen == "mma"  # the layout alone
+    assert decode_kernel("auto", None, "3-bit codes").chosen == "tiles"
+    with pytest.raises(ValueError, match="kernel='mma' cannot serve.*3-bit codes"):
+        decode_kernel("mma", None, "3-bit codes")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        decode_kernel("fast", None, None)
 
 
 def test_launch_names_the_refusal(device) -> None:
@@ -122,7 +135,7 @@ def test_launch_names_the_refusal(device) -> None:
     lead = (1, 8, 4)
     codes = [g.packed(torch.zeros(*lead, 48, dtype=torch.uint8, device=device), torch.ones(lead, device=device))
              for g in cache_format.key_groups]
-    with pytest.raises(ValueError, match="kernel='mma'.*4-bit"):
+    with pytest.raises(ValueError, match="kernel='mma' cannot serve"):
         decode_attention_groups_triton(torch.zeros(1, 32, 128, device=device), codes, codes,
                                        torch.tensor([4], device=device), cache_format, kernel="mma")
 
@@ -131,14 +144,15 @@ def test_query_map_gathers_the_rotated_query_in_key_order() -> None:
     cache_format = _format()
     q = torch.randn(3, 128)
     rotated = q @ cache_format.key_groups[0].rotation.T  # Pi q as rows
-    assert torch.allclose(q @ cache_format.mma_query_map, rotated[:, mma.key_channel_order()], atol=1e-5)
+    assert torch.allclose(q @ cache_format.mma_query_map, rotated[:, _mma.key_channel_order()], atol=1e-5)
 
 
 @pytest.mark.slow
 def test_compiles_for_sm90_with_operands_in_registers() -> None:
     """Offline compile for sm_90 (no GPU; a subprocess, since the interpreter this suite runs under compiles
     nothing): the decoded tiles reach the MMA without a layout conversion (``assert_trivial`` fails the compile
-    otherwise) and nothing but the query's and the probabilities' conversions touches shared memory."""
+    otherwise) and nothing but the query's and the probabilities' conversions touches shared memory, in the decode
+    split kernel and in the scores kernel."""
     import os
     import subprocess
     import sys
@@ -150,8 +164,8 @@ def test_compiles_for_sm90_with_operands_in_registers() -> None:
     header = next(line for line in run.stdout.splitlines() if line.startswith("| launch"))
     keys = [k.strip() for k in header.strip("|").split("|")]
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
-            if "mma_split_kernel" in line]
-    assert len(rows) == 4  # block_n 16 and 32 with prefetch, 32 and 64 without
+            if "mma_split_kernel" in line or "mma_scores_kernel" in line]
+    assert [row["kernel"] for row in rows] == ["mma_split_kernel"] * 4 + ["mma_scores_kernel"]  # 4 decode variants
     for row in rows:
         assert row["stack"] == "0" and int(row["HMMA"]) > 0, row
         assert int(row["LDSM"]) <= 4 and int(row["STS"]) <= 8, row
@@ -176,3 +190,30 @@ def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group) -> None:
         out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, kernel="mma", num_splits=splits,
                                              block_n=block_n, num_stages=stages)
         assert ((out.double() - ref).norm() / ref.norm()) < 1e-2, (splits, block_n, stages)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on a CUDA GPU only")
+@pytest.mark.parametrize("sets,queries,keys", [(3, 4, 1000), (2, 7, 257), (1, 16, 33)])
+def test_mma_scores_match_reference_on_gpu(sets, queries, keys) -> None:
+    from turboquant.kernels.scores import mse_scores_reference, mse_scores_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    cb = tq.lloyd_max_codebook(128, 4).centroids_tensor("cuda")
+    codes = torch.randint(0, 256, (sets, keys, 64), dtype=torch.uint8, device="cuda", generator=gen)
+    norms = torch.rand(sets, keys, device="cuda", generator=gen).half() + 0.5
+    q = torch.randn(sets, queries, 128, device="cuda", generator=gen)
+    ref = mse_scores_reference(q, codes, norms, cb, 4, scale=0.3)
+    out = mse_scores_triton(q, codes, norms, cb, 4, scale=0.3, kernel="mma")
+    assert ((out.double() - ref).norm() / ref.norm()) < 2e-3
+
+
+def test_mma_scores_refusals() -> None:
+    from turboquant.kernels.scores_mma import mma_scores_unsupported
+
+    cb = tq.lloyd_max_codebook(128, 4).centroids_tensor()
+    codes = torch.zeros(1, 8, 64, dtype=torch.uint8)
+    assert mma_scores_unsupported(torch.zeros(1, 4, 128), codes, cb, 4) is None
+    assert "4-bit codes of 128" in mma_scores_unsupported(torch.zeros(1, 4, 64), codes[..., :32], cb, 4)
+    assert "at most 16 queries" in mma_scores_unsupported(torch.zeros(1, 17, 128), codes, cb, 4)
+    assert "32-bit words" in mma_scores_unsupported(torch.zeros(1, 4, 128), codes[:, :, 1:63], cb, 4)
+    assert "symmetric" in mma_scores_unsupported(torch.zeros(1, 4, 128), codes, cb.abs(), 4)

@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..codebook import host_codebook
+
 DECODERS = ("auto", "table", "select", "prmt")
 
 # The fewest tokens of a tile that :func:`channel_order_tile` is used in: a 16-token tile decoded in channel order
@@ -253,8 +255,9 @@ def three_bit_group_values(words, table_ptr, DECODE: tl.constexpr):
 def prmt_byte_tables(table: torch.Tensor) -> tuple[int, int, int, int]:
     """The magnitude byte tables of a symmetric 4-bit codebook (its upper 8 fp16 values), as the host hands them to
     a kernel: low bytes of m_0..m_3, of m_4..m_7, high bytes of each, packed little-endian into int32 values (what
-    :func:`_byte_tables` builds on the device from ``table + 8``)."""
-    bits = table.detach().to("cpu", torch.float16).view(torch.int16).to(torch.int64)[8:16] & 0xFFFF
+    :func:`_byte_tables` builds on the device from ``table + 8``). Reads the table through
+    :func:`~turboquant.codebook.host_codebook` (once per tensor)."""
+    bits = host_codebook(table).view(torch.int16).to(torch.int64)[8:16] & 0xFFFF
     packed = [sum(int(b) << (8 * i) for i, b in enumerate(part)) for part in
               (bits[:4] & 255, bits[4:] & 255, bits[:4] >> 8, bits[4:] >> 8)]
     return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in packed)

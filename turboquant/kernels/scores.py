@@ -125,6 +125,7 @@ def mse_scores_triton(
     num_warps: int = 4,
     lookup: bool = True,
     decoder: str = "auto",
+    kernel: str = "tiles",
 ) -> torch.Tensor:
     """``scale * <q_rot[b, i], c[codes[b, t]]> * norms[b, t]`` for every b, i, t: (batch, m, n).
 
@@ -139,9 +140,25 @@ def mse_scores_triton(
         decoder: how codes become centroids in registers (``_decode``): ``"table"`` (gather), ``"select"``
             (register codebook), ``"prmt"`` (inline PTX for 3- and 4-bit codes, GPU only); the last two need the
             symmetric Lloyd-Max codebook; ``"auto"``: ``"prmt"`` on CUDA, else ``"table"``.
+        kernel: ``"tiles"`` (this module's kernel; ``block_m`` / ``block_n`` / ``num_warps`` / ``lookup`` /
+            ``decoder`` tune it) or ``"mma"`` (:mod:`turboquant.kernels.scores_mma`, Gluon, GPU only: the decoded keys
+            as register operands of ``mma.sync``, for 4-bit codes of 128 channels and at most 16 queries per key set;
+            ``block_n`` 32 keys per tile there).
     """
     _check(q_rot, codes, norms, centroids, bits)
     check_device(q_rot.device)
+    if kernel not in ("tiles", "mma"):
+        raise ValueError(f"kernel must be 'tiles' or 'mma', got {kernel!r}")
+    if kernel == "mma":  # Gluon, imported only here: Triton releases before Gluon still run the tile kernel
+        from .scores_mma import mma_scores, mma_scores_unsupported
+
+        reason = mma_scores_unsupported(q_rot, codes, centroids, bits)
+        if reason is not None:
+            raise ValueError(f"kernel='mma': {reason}")
+        out = torch.empty((q_rot.shape[0], q_rot.shape[1], codes.shape[1]), dtype=out_dtype, device=q_rot.device)
+        if out.numel():
+            mma_scores(q_rot, codes, norms, centroids, scale, out)
+        return out
     decoder = resolve_decoder(decoder, q_rot.device, lambda: symmetric_codebook(centroids))
     batch, n_queries, dim = q_rot.shape
     n_keys = codes.shape[1]

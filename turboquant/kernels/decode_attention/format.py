@@ -19,6 +19,8 @@ from .._decode import prmt_byte_tables
 from .._layout import KERNEL_BITS, group_geometry, num_groups, pow2_at_least
 
 MAX_CHANNEL_GROUPS = 2
+MMA_HEAD_DIM = 128  # the one row width the register-operand kernel lays out (turboquant.kernels._mma)
+MMA_MAX_GROUP = 16  # its query heads per KV head: the MMA's N, 8 or 16
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,11 +101,28 @@ class CacheFormat:
         device on first use only (a format built once serves every later launch and CUDA-graph replay)."""
         return all(symmetric_codebook(table) for table in (*self.key_tables, *self.value_tables))
 
+    def mma_unsupported(self, n_heads: int, n_kv_heads: int) -> str | None:
+        """Why the register-operand kernel (:mod:`.mma`) cannot read this format with this GQA shape, or None: it
+        reads one TurboQuant_mse group per stream, 4-bit keys and values of :data:`MMA_HEAD_DIM` channels with
+        symmetric codebooks, GQA groups of at most :data:`MMA_MAX_GROUP` query heads."""
+        groups = (*self.key_groups, *self.value_groups)
+        if len(self.key_groups) != 1 or len(self.value_groups) != 1:
+            return "the register-operand kernel reads one channel group per stream"
+        if any(g.bits != 4 or g.sketch is not None for g in groups):
+            return "the register-operand kernel reads 4-bit TurboQuant_mse keys and values"
+        if self.head_dim != MMA_HEAD_DIM:
+            return f"the register-operand kernel reads head_dim {MMA_HEAD_DIM}, not {self.head_dim}"
+        if n_heads // n_kv_heads > MMA_MAX_GROUP:
+            return f"the register-operand kernel serves GQA groups of at most {MMA_MAX_GROUP} query heads"
+        if not self.symmetric:
+            return "the register-operand kernel decodes symmetric (Lloyd-Max) codebooks"
+        return None
+
     @cached_property
     def mma_query_map(self) -> torch.Tensor:
         """(head_dim, head_dim) float32: ``q_P @ this`` is the rotated query ``Pi q`` in the register-operand
         kernel's key order (:func:`.mma.key_channel_order`); one key group."""
-        from .mma import key_channel_order
+        from .._mma import key_channel_order
 
         rotation = self.key_groups[0].rotation.to(self.query_map.device, torch.float32)
         return rotation.T[:, key_channel_order(self.head_dim).to(rotation.device)].contiguous()
@@ -111,7 +130,7 @@ class CacheFormat:
     @cached_property
     def mma_value_rows(self) -> torch.Tensor:
         """int32 (head_dim,): the rotated value channel of each output row of the register-operand kernel."""
-        from .mma import value_channel_order
+        from .._mma import value_channel_order
 
         return value_channel_order(self.head_dim).to(self.query_map.device, torch.int32)
 

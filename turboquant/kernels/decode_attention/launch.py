@@ -9,13 +9,13 @@ from typing import Any
 import torch
 import triton
 
+from ...backends import decode_kernel
 from .._decode import resolve_decoder
 from .._layout import check_device, pow2_at_least
 from ...codes import QuantizedVectors
 from .format import MAX_CHANNEL_GROUPS, CacheFormat, check_inputs, one_group_cache
 from .kernel import combine_kernel, decode_split_kernel
 
-SPLIT_KERNELS = ("tiles", "mma")
 _COMBINE_TILE = 8192  # elements of the combine kernel's 3-D tiles: 64 fp32 registers per thread at 4 warps
 
 
@@ -82,7 +82,7 @@ def decode_attention_groups_triton(
     lookup: bool = True,
     decoder: str = "auto",
     inner: str = "dot",
-    kernel: str = "tiles",
+    kernel: str = "auto",
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of one new query token per sequence over a packed cache of channel groups (module docstring).
@@ -109,10 +109,12 @@ def decode_attention_groups_triton(
         inner: the multiply of the inner loop: ``"dot"`` (tensor cores, the GQA group padded to 16 rows) or
             ``"fma"`` (CUDA-core FMAs over the group's own rows; decode is a matrix-vector product per head).
         kernel: the split kernel: ``"tiles"`` (:mod:`.kernel`, every layout; ``decoder`` / ``inner`` / ``lookup``
-            choose its inner loop) or ``"mma"`` (:mod:`.mma`, Gluon, GPU only: decoded codes as register operands
-            of ``mma.sync``, for the layouts :func:`.mma.mma_unsupported` accepts; one-warp programs, ``block_n``
+            choose its inner loop), ``"mma"`` (:mod:`.mma`, Gluon, GPU only: decoded codes as register operands
+            of ``mma.sync``, for the layouts :meth:`CacheFormat.mma_unsupported` accepts; one-warp programs, ``block_n``
             default 32, ``num_stages`` > 1 loads the next tile before decoding the current one, ``num_splits``
-            default one wave of resident programs: :func:`.mma.default_mma_splits`).
+            default one wave of resident programs: :func:`.mma.default_mma_splits`) or ``"auto"``: ``"mma"`` where it
+            serves, else ``"tiles"`` (``turboquant.backends.decode_kernel``); ``"tiles"`` as well when ``decoder``,
+            ``inner`` or ``lookup`` is not its default.
         return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
             (batch, query_heads), ``-inf`` for a row without tokens: what an exact merge with attention over
             other tokens needs (``o = sum_i exp(lse_i - lse) o_i``, ``lse = log sum_i exp(lse_i)``).
@@ -121,24 +123,21 @@ def decode_attention_groups_triton(
     check_device(q.device)
     if inner not in ("dot", "fma"):
         raise ValueError(f"inner must be 'dot' or 'fma', got {inner!r}")
-    if kernel not in SPLIT_KERNELS:
-        raise ValueError(f"kernel must be one of {SPLIT_KERNELS}, got {kernel!r}")
     batch, n_heads, dim = q.shape
     n_kv_heads, max_tokens = keys[0].codes.shape[1], keys[0].codes.shape[2]
     group = n_heads // n_kv_heads
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    if kernel == "mma":  # Gluon, imported only here: Triton releases before Gluon still run the tile kernel
-        from .mma import mma_split, mma_unsupported
-
-        reason = mma_unsupported(cache_format, n_heads, n_kv_heads)
-        if reason is not None:
-            raise ValueError(f"kernel='mma': {reason}")
+    if kernel == "auto" and (decoder != "auto" or inner != "dot" or not lookup):
+        kernel = "tiles"  # the tile kernel's own options were asked for
+    kernel = decode_kernel(kernel, q.device, cache_format.mma_unsupported(n_heads, n_kv_heads)).chosen
     q_keyed = q.to(torch.float32)
     if key_permutation is not None:  # q_P: the GQA group of query heads shares its KV head's channel order
         grouped = q_keyed.view(batch, n_kv_heads, group, dim)
         index = key_permutation.to(device=q.device, dtype=torch.int64)[:, :, None].expand(-1, -1, group, -1)
         q_keyed = grouped.gather(-1, index).view(batch, n_heads, dim)
-    if kernel == "mma":
+    if kernel == "mma":  # Gluon, imported only here: Triton releases before Gluon still run the tile kernel
+        from .mma import mma_split
+
         q_rot = (q_keyed @ cache_format.mma_query_map).to(torch.float16)
         part_out, part_lse = mma_split(q_rot, keys[0], values[0], seq_lens, cache_format, num_splits, block_n or 32,
                                        scale * math.log2(math.e), num_stages > 1)

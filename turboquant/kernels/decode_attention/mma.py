@@ -1,6 +1,6 @@
 """The split kernel of decode attention with the decoded codes as register operands of ``mma.sync`` (Gluon).
 
-Same math as :mod:`.kernel` (the package docstring), for the layout it serves (:func:`mma_unsupported`): one
+Same math as :mod:`.kernel` (the package docstring), for the layout it serves (:meth:`CacheFormat.mma_unsupported`): one
 TurboQuant_mse channel group per stream, 4-bit keys and values, head_dim 128, a GQA group of at most 16 query
 heads. One program is one warp and owns (batch row, KV head, split); per tile of ``BLOCK_N`` tokens it computes
 
@@ -8,16 +8,10 @@ heads. One program is one warp and owns (batch row, KV head, split); per tile of
     o^T += V~^T (p n_V)^T  (128, H):       A = the decoded values (channels x tokens), B = the probabilities
 
 with ``mma.m16n8k16`` (fp16 operands, fp32 accumulation), H the GQA group padded to 8 or 16. Both A operands are
-produced in registers in the layout the instruction reads them from, so no decoded tile is written to shared
-memory: each thread loads exactly the code words its fragment needs and decodes them in place
-(:data:`~turboquant.kernels._decode.PRMT_WORD4`, :data:`~turboquant.kernels._decode.PRMT_TOKEN_PAIR4`). That fixes
-which rotated channel each position of the reduction (keys) and each output row (values) holds: the logical orders
-:func:`key_channel_order` and :func:`value_channel_order`. The host gathers the rotated query in the key order
+decoded in registers in the layout the instruction reads them from (:mod:`turboquant.kernels._mma`), so no decoded
+tile is written to shared memory. The host gathers the rotated query in the key order
 (:attr:`CacheFormat.mma_query_map`), and the kernel writes output row m to rotated channel
 ``value_channel_order[m]``, so the combine kernel (merge, ``Pi_V^T``) is shared with the tile kernel.
-
-Fragment of ``mma.m16n8k16`` (lane = 4 g + t): A holds rows g, g + 8 and columns 2t, 2t + 1, 2t + 8, 2t + 9 of
-each 16 x 16 block; the word layouts below give each lane the code words of exactly those rows and columns.
 """
 from __future__ import annotations
 
@@ -30,112 +24,19 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .._decode import PRMT_PAIR4, PRMT_PAIR4_CONSTRAINTS
+from .._mma import (
+    MMA,
+    OPERAND_B,
+    ROWS,
+    decoded_keys,
+    decoded_values,
+    key_words_layout,
+    value_words_layout,
+)
 
 if TYPE_CHECKING:
     from ...codes import QuantizedVectors
     from .format import CacheFormat
-
-HEAD_DIM = 128
-MAX_GROUP = 16
-WORD_CODES = 8  # 4-bit codes per 32-bit word
-
-_MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]))
-_OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA.value, k_width=2))
-_OPERAND_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA.value, k_width=2))
-_ROWS = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]))
-
-
-def key_channel_order(dim: int = HEAD_DIM) -> torch.Tensor:
-    """Rotated channel at each position k of the key reduction. With k = u0 + 2t + 8c + 64 u1, lane t of a fragment
-    decodes words 4t + 2 u1 + u0 of its token (channels 8 (4t + 2 u1 + u0) + c), and code c of that word lands at
-    position k: u0 is the pair a 32-bit operand register holds, t the lane, c and u1 the +8 column and the
-    16-column blocks of the fragment."""
-    k = torch.arange(dim)
-    u0, t, c, u1 = k & 1, (k >> 1) & 3, (k >> 3) & 7, k >> 6
-    return 8 * (4 * t + 2 * u1 + u0) + c
-
-
-def value_channel_order(dim: int = HEAD_DIM) -> torch.Tensor:
-    """Rotated channel of each output row m of the value product. With m = g + 8w + 16c, lane group g decodes words
-    2g + w of a token (channels 16g + 8w + c), and code c of word w is row m."""
-    m = torch.arange(dim)
-    return 16 * (m & 7) + 8 * ((m >> 3) & 1) + (m >> 4)
-
-
-def mma_unsupported(cache_format: CacheFormat, n_heads: int, n_kv_heads: int) -> str | None:
-    """Why this kernel cannot read a cache of ``cache_format`` with this GQA shape, or None."""
-    groups = (*cache_format.key_groups, *cache_format.value_groups)
-    if len(cache_format.key_groups) != 1 or len(cache_format.value_groups) != 1:
-        return "the register-operand kernel reads one channel group per stream"
-    if any(g.bits != 4 or g.sketch is not None for g in groups):
-        return "the register-operand kernel reads 4-bit TurboQuant_mse keys and values"
-    if cache_format.head_dim != HEAD_DIM:
-        return f"the register-operand kernel reads head_dim {HEAD_DIM}, not {cache_format.head_dim}"
-    if n_heads // n_kv_heads > MAX_GROUP:
-        return f"the register-operand kernel serves GQA groups of at most {MAX_GROUP} query heads"
-    if not cache_format.symmetric:
-        return "the register-operand kernel decodes symmetric (Lloyd-Max) codebooks"
-    return None
-
-
-# How a decoded tile's axes become the MMA operand. PRMT_PAIR4's 8 outputs (code c of a word pair) are joined pairwise,
-# outputs 2i and 2i + 1 innermost, which appends the bits of c as axes, least significant first.
-# Keys: (token, word as t1 t0 u1 u0, c0 c1 c2) -> (token, u1 c2 c1 c0 t1 t0 u0): column k = u0 + 2t + 8c + 64 u1.
-KEY_AXES = gl.constexpr((0, 3, 7, 6, 5, 1, 2, 4))
-# Values: (token, word as g w, c0 c1 c2) -> (c2 c1 c0 w g, token): row m = g + 8w + 16c.
-VALUE_AXES = gl.constexpr((5, 4, 3, 2, 1, 0))
-
-
-@gluon.constexpr_function
-def _key_words_layout(block_n):
-    """(BLOCK_N tokens, 16 words): lane 4g + t holds words 4t..4t+3 (one 16-byte load) of tokens g + 8r; words 4t + 2u1
-    and 4t + 2u1 + 1 are consecutive registers (the pair PRMT_PAIR4 decodes)."""
-    tokens = [[8 << i, 0] for i in range(block_n.bit_length() - 4)]
-    return gl.DistributedLinearLayout([[0, 1], [0, 2]] + tokens, [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], [], [],
-                                      [block_n, 16])
-
-
-@gluon.constexpr_function
-def _value_words_layout(block_n, pairs_first):
-    """(BLOCK_N tokens, 16 words): lane 4g + t holds words 2g, 2g + 1 of tokens 2t + {0, 1} + 8r. Loaded with the two
-    words of a token in consecutive registers (one 8-byte load); decoded with tokens 2t and 2t + 1 consecutive
-    (``pairs_first``: the pair PRMT_PAIR4 decodes). The two differ only in register order."""
-    word, pair = [0, 1], [1, 0]
-    tokens = [[8 << i, 0] for i in range(block_n.bit_length() - 4)]
-    return gl.DistributedLinearLayout([pair, word] + tokens if pairs_first else [word, pair] + tokens,
-                                      [[2, 0], [4, 0], [0, 2], [0, 4], [0, 8]], [], [], [block_n, 16])
-
-
-@gluon.jit
-def _decode_pairs(words, tables):
-    """The 8 code planes of word pairs (consecutive registers of ``words``): fp16 tensors of ``words``' shape."""
-    return gl.inline_asm_elementwise(PRMT_PAIR4, PRMT_PAIR4_CONSTRAINTS,
-                                     [words, tables[0], tables[1], tables[2], tables[3]],
-                                     dtype=(gl.float16,) * 8, is_pure=True, pack=2)
-
-
-@gluon.jit
-def _join_planes(v):
-    """The 8 planes of :func:`_decode_pairs` as one tensor with three more axes (c0, c1, c2)."""
-    return gl.join(gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3])), gl.join(gl.join(v[4], v[5]), gl.join(v[6], v[7])))
-
-
-@gluon.jit
-def _decoded_keys(words, tables, BLOCK_N: gl.constexpr):
-    """(BLOCK_N, 16) key words -> (BLOCK_N, 128) fp16 in the A layout, columns in :func:`key_channel_order`."""
-    x = _join_planes(_decode_pairs(words, tables))
-    x = gl.permute(gl.reshape(x, (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)), KEY_AXES.value)
-    return gl.convert_layout(gl.reshape(x, (BLOCK_N, 128)), _OPERAND_A, assert_trivial=True)
-
-
-@gluon.jit
-def _decoded_values(words, tables, BLOCK_N: gl.constexpr):
-    """(BLOCK_N, 16) value words -> (128, BLOCK_N) fp16 in the A layout, rows in :func:`value_channel_order`."""
-    words = gl.convert_layout(words, _value_words_layout(BLOCK_N, True), assert_trivial=True)
-    x = _join_planes(_decode_pairs(words, tables))
-    x = gl.permute(gl.reshape(x, (BLOCK_N, 8, 2, 2, 2, 2)), VALUE_AXES.value)
-    return gl.convert_layout(gl.reshape(x, (128, BLOCK_N)), _OPERAND_A, assert_trivial=True)
 
 
 @gluon.jit
@@ -174,27 +75,27 @@ def mma_split_kernel(
     start = split * tokens_per_split
     end = gl.minimum(start + tokens_per_split, seq_len)
 
-    k_rows = gl.arange(0, 128, layout=gl.SliceLayout(1, _ROWS))
-    h_cols = gl.arange(0, HEADS, layout=gl.SliceLayout(0, _ROWS))
+    k_rows = gl.arange(0, 128, layout=gl.SliceLayout(1, ROWS))
+    h_cols = gl.arange(0, HEADS, layout=gl.SliceLayout(0, ROWS))
     q_t = gl.load(q_ptr + b * q_strides[0] + (kv_head * GROUP + h_cols)[None, :] * q_strides[1] + k_rows[:, None],
                   mask=(h_cols < GROUP)[None, :], other=0.0)
-    q_t = gl.convert_layout(q_t, _OPERAND_B)
+    q_t = gl.convert_layout(q_t, OPERAND_B)
 
-    KEY_WORDS: gl.constexpr = _key_words_layout(BLOCK_N)
-    VALUE_WORDS: gl.constexpr = _value_words_layout(BLOCK_N, False)
+    KEY_WORDS: gl.constexpr = key_words_layout(BLOCK_N)
+    VALUE_WORDS: gl.constexpr = value_words_layout(BLOCK_N, False)
     k_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, KEY_WORDS))
     k_col = gl.arange(0, 16, layout=gl.SliceLayout(0, KEY_WORDS))
     v_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, VALUE_WORDS))
     v_col = gl.arange(0, 16, layout=gl.SliceLayout(0, VALUE_WORDS))
-    s_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _MMA))
+    s_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
     k_words = k_words_ptr + b * k_strides[0] + kv_head * k_strides[1]
     v_words = v_words_ptr + b * v_strides[0] + kv_head * v_strides[1]
     k_norms = k_norms_ptr + b * kn_strides[0] + kv_head * kn_strides[1]
     v_norms = v_norms_ptr + b * vn_strides[0] + kv_head * vn_strides[1]
 
-    m_i = gl.full((HEADS,), float("-inf"), gl.float32, layout=gl.SliceLayout(0, _MMA))
-    l_i = gl.zeros((HEADS,), gl.float32, layout=gl.SliceLayout(0, _MMA))
-    acc = gl.zeros((128, HEADS), gl.float32, layout=_MMA)
+    m_i = gl.full((HEADS,), float("-inf"), gl.float32, layout=gl.SliceLayout(0, MMA))
+    l_i = gl.zeros((HEADS,), gl.float32, layout=gl.SliceLayout(0, MMA))
+    acc = gl.zeros((128, HEADS), gl.float32, layout=MMA)
     if PREFETCH:
         kw, vw, kn, vn = _load_tile(k_words, v_words, k_norms, v_norms, start, end, k_tok, k_col, v_tok, v_col, s_tok,
                                     k_strides, v_strides, kn_strides, vn_strides)
@@ -206,14 +107,14 @@ def mma_split_kernel(
             kw, vw, kn, vn = _load_tile(k_words, v_words, k_norms, v_norms, n0, end, k_tok, k_col, v_tok, v_col,
                                         s_tok, k_strides, v_strides, kn_strides, vn_strides)
         live = n0 + s_tok < end
-        s = mma_v2(_decoded_keys(kw, k_tables, BLOCK_N), q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=_MMA))
+        s = mma_v2(decoded_keys(kw, k_tables, BLOCK_N), q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA))
         s = gl.where(live[:, None], s * (kn * scale_log2)[:, None], float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[None, :])
         l_i = l_i * alpha + gl.sum(p, axis=0)
-        p_t = gl.convert_layout((p * vn[:, None]).to(gl.float16), _OPERAND_B)
-        acc = mma_v2(_decoded_values(vw, v_tables, BLOCK_N), p_t, acc * alpha[None, :])
+        p_t = gl.convert_layout((p * vn[:, None]).to(gl.float16), OPERAND_B)
+        acc = mma_v2(decoded_values(vw, v_tables, BLOCK_N), p_t, acc * alpha[None, :])
         m_i = m_new
         if PREFETCH:
             kw, vw, kn, vn = next_tile
@@ -221,8 +122,8 @@ def mma_split_kernel(
     has_tokens = l_i > 0
     inv_l = 1.0 / gl.where(has_tokens, l_i, 1.0)
     lse = gl.where(has_tokens, m_i + gl.log2(gl.where(has_tokens, l_i, 1.0)), float("-inf"))
-    rows = gl.load(value_rows_ptr + gl.arange(0, 128, layout=gl.SliceLayout(1, _MMA)))
-    heads = gl.arange(0, HEADS, layout=gl.SliceLayout(0, _MMA))
+    rows = gl.load(value_rows_ptr + gl.arange(0, 128, layout=gl.SliceLayout(1, MMA)))
+    heads = gl.arange(0, HEADS, layout=gl.SliceLayout(0, MMA))
     live_heads = heads < GROUP
     heads = kv_head * GROUP + heads
     part = part_out_ptr + b * part_strides[0] + heads[None, :] * part_strides[1] + split * part_strides[2]
