@@ -11,9 +11,9 @@ gather, register codebook by selects, or inline-PTX ``prmt`` for 3- and 4-bit co
 a broadcast multiply and ``tl.sum``, so the decoded tile is never staged through shared memory for an MMA; decode is
 a matrix-vector product per query head, worth it for small GQA groups).
 
-Kernel 2 (:func:`combine_kernel`): one program per (batch row, KV head) merges the splits of its GQA group by
-their log-sum-exp (``BLOCK_S`` splits per load) and applies the block-diagonal ``Pi_V^T``, writing the output in the
-query's dtype, scattered through ``perm_V`` when values are split.
+Kernel 2 (:func:`combine_kernel`): one program per (batch row, KV head, slice of output channels) merges the splits
+of its GQA group by their log-sum-exp (``BLOCK_S`` splits per load) and applies the block-diagonal ``Pi_V^T`` to its
+slice, writing the output in the query's dtype, scattered through ``perm_V`` when values are split.
 """
 from __future__ import annotations
 
@@ -294,14 +294,17 @@ def combine_kernel(
     n_splits, dim,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, stride_eb, stride_mb, stride_mh,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_J: tl.constexpr, WRITE_LSE: tl.constexpr, PERMUTED: tl.constexpr,
+    BLOCK_J: tl.constexpr, SLICE: tl.constexpr, WRITE_LSE: tl.constexpr, PERMUTED: tl.constexpr,
 ):
     """Merge the splits of (batch row, KV head) for its GQA group of query heads by their log-sum-exp, ``BLOCK_S``
-    splits per load, rotate back with the block-diagonal Pi_V^T (``o = o_rot Pi_V``, ``BLOCK_J`` output channels at a
-    time; the matrix is read once per KV head) and, when ``PERMUTED``, scatter channel j to ``perm_V[b, kv_head, j]``;
-    with WRITE_LSE also store the natural log-sum-exp of the scaled logits over all splits (-inf for no tokens)."""
+    splits per load, rotate back the output channels of slice ``program_id(2)`` (``SLICE`` channels, ``BLOCK_J`` at a
+    time) with the block-diagonal Pi_V^T (``o = o_rot Pi_V``) and, when ``PERMUTED``, scatter channel j to
+    ``perm_V[b, kv_head, j]``; with WRITE_LSE (slice 0) also store the natural log-sum-exp of the scaled logits over
+    all splits (-inf for no tokens). Each slice merges the splits itself: the grid has more programs than rows x KV
+    heads, which alone leave most SMs idle at small batch."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
+    first = tl.program_id(2) * SLICE
     rows = tl.arange(0, BLOCK_M)
     row_mask = rows < GROUP
     heads = kv_head * GROUP + rows
@@ -330,9 +333,10 @@ def combine_kernel(
         total += tl.sum(weight, axis=1)
     o_rot = o_rot / tl.where(total > 0, total, 1.0)[:, None]
     if WRITE_LSE:
-        lse2 = tl.where(total > 0, shift + tl.log2(tl.where(total > 0, total, 1.0)), float("-inf"))
-        tl.store(lse_ptr + b * stride_eb + heads, lse2 * 0.6931471805599453, mask=row_mask)
-    for j0 in range(0, dim, BLOCK_J):
+        if first == 0:
+            lse2 = tl.where(total > 0, shift + tl.log2(tl.where(total > 0, total, 1.0)), float("-inf"))
+            tl.store(lse_ptr + b * stride_eb + heads, lse2 * 0.6931471805599453, mask=row_mask)
+    for j0 in range(first, tl.minimum(first + SLICE, dim), BLOCK_J):
         j_offs = j0 + tl.arange(0, BLOCK_J)
         j_mask = j_offs < dim
         rot = tl.load(rot_ptr + d_offs[:, None] * dim + j_offs[None, :], mask=d_mask[:, None] & j_mask[None, :],

@@ -17,6 +17,7 @@ from .format import MAX_CHANNEL_GROUPS, CacheFormat, check_inputs, one_group_cac
 from .kernel import combine_kernel, decode_split_kernel
 
 _COMBINE_TILE = 8192  # elements of the combine kernel's 3-D tiles: 64 fp32 registers per thread at 4 warps
+_COMBINE_SLICE = 32  # output channels per combine program (benchmarks/NOTES.md, session 16: too few programs)
 
 
 def default_block_n(cache_format: CacheFormat, decoder: str) -> int:
@@ -189,13 +190,14 @@ def _combine(part_out: torch.Tensor, part_lse: torch.Tensor, cache_format: Cache
     rows = pow2_at_least(group, floor=1)
     block_d = pow2_at_least(dim)
     per_load = max(1, _COMBINE_TILE // (rows * block_d))  # elements of one (heads, splits or channels, dim) tile
-    combine_kernel[(batch, n_heads // group)](
+    combine_kernel[(batch, n_heads // group, triton.cdiv(dim, _COMBINE_SLICE))](
         part_out, part_lse, cache_format.value_rotation, perm, out, lse,
         num_splits, dim,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), perm.stride(0), perm.stride(1),
         GROUP=group, BLOCK_M=rows, BLOCK_S=min(per_load, pow2_at_least(num_splits, floor=1)), BLOCK_D=block_d,
-        BLOCK_J=per_load, WRITE_LSE=return_lse, PERMUTED=value_permutation is not None, num_warps=4,
+        BLOCK_J=min(per_load, _COMBINE_SLICE), SLICE=_COMBINE_SLICE, WRITE_LSE=return_lse,
+        PERMUTED=value_permutation is not None, num_warps=4,
     )
     return (out, lse) if return_lse else out
 
