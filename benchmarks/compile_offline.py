@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| launch | kernel | shared B | " + " | ".join(keys) + " |")
     print("|---|---|---|" + "---|" * len(keys))
     for name, label, profile, shared in launches:
-        if name == "combine_kernel":
+        if name in ("merge_kernel", "rotate_kernel"):
             continue
         print(f"| {label} | {name} | {shared} | " + " | ".join(str(profile[k]) for k in keys) + " |")
 

@@ -1,8 +1,8 @@
 """One launch of the quantize kernel (16M x 128 fp16, 4-bit) and of the one-group decode split kernel (B=8, 32K
 tokens, K4V4), for ncu:
 
-    ncu ... -k regex:"quantize_mse|decode_split|combine" python -m benchmarks.ncu_quantize_decode
-    ncu ... -k regex:"mma_split|combine" python -m benchmarks.ncu_quantize_decode --kernel mma --no-quantize
+    ncu ... -k regex:"quantize_mse|decode_split|merge|rotate" python -m benchmarks.ncu_quantize_decode
+    ncu ... -k regex:"mma_split|merge|rotate" python -m benchmarks.ncu_quantize_decode --kernel mma --no-quantize
 
 Output of session 2: ``results/kernels/session2/ncu_quantize_decode.txt``."""
 from __future__ import annotations

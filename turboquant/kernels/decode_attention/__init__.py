@@ -37,7 +37,7 @@ The package, one module per job:
 =================  ==========================================================================================
 ``format``         :class:`ChannelGroup`, :class:`CacheFormat` (the stage query map, tables and compile-time
                    geometry, derived once) and the input checks
-``kernel``         the Triton kernels: split (tiles, stages, online softmax) and combine (merge, ``Pi_V^T``)
+``kernel``         the Triton kernels: split (tiles, stages, online softmax), merge (the splits) and rotate (``Pi_V^T``)
 ``launch``         :func:`decode_attention_groups_triton`, :func:`decode_attention_triton` and their defaults
 ``reference``      the float64 reference over the dequantized cache
 =================  ==========================================================================================

@@ -11,9 +11,11 @@ gather, register codebook by selects, or inline-PTX ``prmt`` for 3- and 4-bit co
 a broadcast multiply and ``tl.sum``, so the decoded tile is never staged through shared memory for an MMA; decode is
 a matrix-vector product per query head, worth it for small GQA groups).
 
-Kernel 2 (:func:`combine_kernel`): one program per (batch row, KV head, slice of output channels) merges the splits
-of its GQA group by their log-sum-exp (``BLOCK_S`` splits per load) and applies the block-diagonal ``Pi_V^T`` to its
-slice, writing the output in the query's dtype, scattered through ``perm_V`` when values are split.
+Kernels 2 and 3: :func:`merge_kernel`, one program per (batch row, KV head, slice of rotated channels), merges the
+splits of its GQA group by their log-sum-exp in one pass; :func:`rotate_kernel`, one program per (batch row, KV head,
+slice of output channels), applies the block-diagonal ``Pi_V^T``, writing the output in the query's dtype, scattered
+through ``perm_V`` when values are split. Each grid has several programs per (row, KV head): at small batch a program
+per (row, KV head) leaves most SMs idle while it walks the splits.
 """
 from __future__ import annotations
 
@@ -289,62 +291,76 @@ def decode_split_kernel(
 
 
 @triton.jit
-def combine_kernel(
-    part_out_ptr, part_lse_ptr, rot_ptr, perm_ptr, out_ptr, lse_ptr,
-    n_splits, dim,
-    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, stride_eb, stride_mb, stride_mh,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_J: tl.constexpr, SLICE: tl.constexpr, WRITE_LSE: tl.constexpr, PERMUTED: tl.constexpr,
+def merge_kernel(
+    part_out_ptr, part_lse_ptr, o_rot_ptr, lse_ptr, n_splits, dim,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_rb, stride_rh, stride_eb,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, SLICE: tl.constexpr, WRITE_LSE: tl.constexpr,
 ):
-    """Merge the splits of (batch row, KV head) for its GQA group of query heads by their log-sum-exp, ``BLOCK_S``
-    splits per load, rotate back the output channels of slice ``program_id(2)`` (``SLICE`` channels, ``BLOCK_J`` at a
-    time) with the block-diagonal Pi_V^T (``o = o_rot Pi_V``) and, when ``PERMUTED``, scatter channel j to
-    ``perm_V[b, kv_head, j]``; with WRITE_LSE (slice 0) also store the natural log-sum-exp of the scaled logits over
-    all splits (-inf for no tokens). Each slice merges the splits itself: the grid has more programs than rows x KV
-    heads, which alone leave most SMs idle at small batch."""
+    """Merge the splits of (batch row, KV head) for its GQA group of query heads and channels ``program_id(2) * SLICE``
+    onward of the rotated output, in one pass over the splits (``BLOCK_S`` at a time, a running maximum of their
+    log2-sum-exps as in the split kernel's softmax): ``o_rot = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M)``. With
+    WRITE_LSE (slice 0) also store the natural log-sum-exp of the scaled logits over all splits (-inf for none)."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
-    first = tl.program_id(2) * SLICE
     rows = tl.arange(0, BLOCK_M)
     row_mask = rows < GROUP
     heads = kv_head * GROUP + rows
+    channels = tl.program_id(2) * SLICE + tl.arange(0, SLICE)
+    c_mask = channels < dim
     s_offs = tl.arange(0, BLOCK_S)
+    lse_rows = part_lse_ptr + b * stride_lb + heads[:, None] * stride_lh
+    part_rows = part_out_ptr + b * stride_pb + heads[:, None, None] * stride_ph + channels[None, None, :]
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, SLICE), dtype=tl.float32)
+    for s0 in range(0, n_splits, BLOCK_S):
+        splits = s0 + s_offs
+        lse = tl.load(lse_rows + splits[None, :], mask=row_mask[:, None] & (splits < n_splits)[None, :],
+                      other=float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(lse, axis=1))
+        shift = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp2(m_i - shift)
+        weight = tl.exp2(lse - shift[:, None])
+        part = tl.load(part_rows + splits[None, :, None] * stride_ps,
+                       mask=(weight > 0)[:, :, None] & c_mask[None, None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.sum(weight[:, :, None] * part, axis=1)
+        l_i = l_i * alpha + tl.sum(weight, axis=1)
+        m_i = m_new
+    o_rot = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(o_rot_ptr + b * stride_rb + heads[:, None] * stride_rh + channels[None, :], o_rot,
+             mask=row_mask[:, None] & c_mask[None, :])
+    if WRITE_LSE:
+        if tl.program_id(2) == 0:
+            lse2 = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+            tl.store(lse_ptr + b * stride_eb + heads, lse2 * 0.6931471805599453, mask=row_mask)
+
+
+@triton.jit
+def rotate_kernel(
+    o_rot_ptr, rot_ptr, perm_ptr, out_ptr, dim,
+    stride_rb, stride_rh, stride_ob, stride_oh, stride_mb, stride_mh,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_J: tl.constexpr,
+    PERMUTED: tl.constexpr,
+):
+    """Output channels ``program_id(2) * BLOCK_J`` onward of the GQA group of (batch row, KV head):
+    ``o = o_rot Pi_V`` (the block-diagonal Pi_V^T applied to the merged rotated output) in the output's dtype,
+    scattered to ``perm_V[b, kv_head, j]`` when ``PERMUTED``."""
+    b = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    row_mask = rows < GROUP
+    heads = kv_head * GROUP + rows
     d_offs = tl.arange(0, BLOCK_D)
     d_mask = d_offs < dim
-    lse_rows = part_lse_ptr + b * stride_lb + heads[:, None] * stride_lh
-    part_rows = part_out_ptr + b * stride_pb + heads[:, None, None] * stride_ph
-    lse_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    for s0 in range(0, n_splits, BLOCK_S):
-        splits = s0 + s_offs
-        lse = tl.load(lse_rows + splits[None, :], mask=row_mask[:, None] & (splits < n_splits)[None, :],
-                      other=float("-inf"))
-        lse_max = tl.maximum(lse_max, tl.max(lse, axis=1))
-    shift = tl.where(lse_max > float("-inf"), lse_max, 0.0)
-    total = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    o_rot = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    for s0 in range(0, n_splits, BLOCK_S):
-        splits = s0 + s_offs
-        lse = tl.load(lse_rows + splits[None, :], mask=row_mask[:, None] & (splits < n_splits)[None, :],
-                      other=float("-inf"))
-        weight = tl.exp2(lse - shift[:, None])
-        part = tl.load(part_rows + splits[None, :, None] * stride_ps + d_offs[None, None, :],
-                       mask=(weight > 0)[:, :, None] & d_mask[None, None, :], other=0.0)
-        o_rot += tl.sum(weight[:, :, None] * part, axis=1)
-        total += tl.sum(weight, axis=1)
-    o_rot = o_rot / tl.where(total > 0, total, 1.0)[:, None]
-    if WRITE_LSE:
-        if first == 0:
-            lse2 = tl.where(total > 0, shift + tl.log2(tl.where(total > 0, total, 1.0)), float("-inf"))
-            tl.store(lse_ptr + b * stride_eb + heads, lse2 * 0.6931471805599453, mask=row_mask)
-    for j0 in range(first, tl.minimum(first + SLICE, dim), BLOCK_J):
-        j_offs = j0 + tl.arange(0, BLOCK_J)
-        j_mask = j_offs < dim
-        rot = tl.load(rot_ptr + d_offs[:, None] * dim + j_offs[None, :], mask=d_mask[:, None] & j_mask[None, :],
-                      other=0.0)
-        o = tl.sum(o_rot[:, :, None] * rot[None, :, :], axis=1)
-        if PERMUTED:
-            channels = tl.load(perm_ptr + b * stride_mb + kv_head * stride_mh + j_offs, mask=j_mask, other=0)
-        else:
-            channels = j_offs
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + channels[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & j_mask[None, :])
+    j_offs = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
+    j_mask = j_offs < dim
+    o_rot = tl.load(o_rot_ptr + b * stride_rb + heads[:, None] * stride_rh + d_offs[None, :],
+                    mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    rot = tl.load(rot_ptr + d_offs[:, None] * dim + j_offs[None, :], mask=d_mask[:, None] & j_mask[None, :], other=0.0)
+    o = tl.sum(o_rot[:, :, None] * rot[None, :, :], axis=1)
+    if PERMUTED:
+        channels = tl.load(perm_ptr + b * stride_mb + kv_head * stride_mh + j_offs, mask=j_mask, other=0)
+    else:
+        channels = j_offs
+    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + channels[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & j_mask[None, :])

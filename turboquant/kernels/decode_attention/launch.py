@@ -1,5 +1,5 @@
 """Host entry points of the decode kernel: argument checks, tile and split defaults, the query's stage map,
-and the two launches (split, then combine)."""
+and the launches (split, then merge and rotate)."""
 from __future__ import annotations
 
 import math
@@ -14,10 +14,10 @@ from .._decode import resolve_decoder
 from .._layout import check_device, pow2_at_least
 from ...codes import QuantizedVectors
 from .format import MAX_CHANNEL_GROUPS, CacheFormat, check_inputs, one_group_cache
-from .kernel import combine_kernel, decode_split_kernel
+from .kernel import decode_split_kernel, merge_kernel, rotate_kernel
 
-_COMBINE_TILE = 8192  # elements of the combine kernel's 3-D tiles: 64 fp32 registers per thread at 4 warps
-_COMBINE_SLICE = 32  # output channels per combine program (benchmarks/NOTES.md, session 16: too few programs)
+_COMBINE_TILE = 8192  # elements of the merge / rotate kernels' 3-D tiles: 64 fp32 registers per thread at 4 warps
+_MERGE_SLICE = 32  # rotated channels per merge program (benchmarks/NOTES.md, session 16: too few programs)
 
 
 def default_block_n(cache_format: CacheFormat, decoder: str) -> int:
@@ -182,25 +182,31 @@ def _tiles_split(q_keyed: torch.Tensor, keys: Sequence[QuantizedVectors], values
 def _combine(part_out: torch.Tensor, part_lse: torch.Tensor, cache_format: CacheFormat,
              value_permutation: torch.Tensor | None, dtype: torch.dtype, group: int,
              return_lse: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Launch :func:`.kernel.combine_kernel`: the splits merged, rotated back and un-permuted."""
+    """Launch :func:`.kernel.merge_kernel` and :func:`.kernel.rotate_kernel`: the splits merged, rotated back and
+    un-permuted."""
     batch, n_heads, num_splits, dim = part_out.shape
-    out = torch.empty((batch, n_heads, dim), dtype=dtype, device=part_out.device)
-    lse = torch.empty((batch, n_heads), dtype=torch.float32, device=part_out.device) if return_lse else part_lse
-    perm = part_lse if value_permutation is None else value_permutation.to(part_out.device)
-    rows = pow2_at_least(group, floor=1)
-    block_d = pow2_at_least(dim)
-    per_load = max(1, _COMBINE_TILE // (rows * block_d))  # elements of one (heads, splits or channels, dim) tile
-    combine_kernel[(batch, n_heads // group, triton.cdiv(dim, _COMBINE_SLICE))](
-        part_out, part_lse, cache_format.value_rotation, perm, out, lse,
-        num_splits, dim,
+    device = part_out.device
+    o_rot = torch.empty((batch, n_heads, dim), dtype=torch.float32, device=device)
+    out = torch.empty((batch, n_heads, dim), dtype=dtype, device=device)
+    lse = torch.empty((batch, n_heads), dtype=torch.float32, device=device) if return_lse else part_lse
+    perm = part_lse if value_permutation is None else value_permutation.to(device)
+    rows, block_d = pow2_at_least(group, floor=1), pow2_at_least(dim)
+    slice_ = min(_MERGE_SLICE, block_d)
+    merge_kernel[(batch, n_heads // group, triton.cdiv(dim, slice_))](
+        part_out, part_lse, o_rot, lse, num_splits, dim,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), perm.stride(0), perm.stride(1),
-        GROUP=group, BLOCK_M=rows, BLOCK_S=min(per_load, pow2_at_least(num_splits, floor=1)), BLOCK_D=block_d,
-        BLOCK_J=min(per_load, _COMBINE_SLICE), SLICE=_COMBINE_SLICE, WRITE_LSE=return_lse,
-        PERMUTED=value_permutation is not None, num_warps=4,
+        o_rot.stride(0), o_rot.stride(1), lse.stride(0),
+        GROUP=group, BLOCK_M=rows, BLOCK_S=min(max(1, _COMBINE_TILE // (rows * slice_)), pow2_at_least(num_splits, 1)),
+        SLICE=slice_, WRITE_LSE=return_lse, num_warps=4,
+    )
+    block_j = min(max(1, _COMBINE_TILE // (rows * block_d)), block_d)
+    rotate_kernel[(batch, n_heads // group, triton.cdiv(dim, block_j))](
+        o_rot, cache_format.value_rotation, perm, out, dim,
+        o_rot.stride(0), o_rot.stride(1), out.stride(0), out.stride(1), perm.stride(0), perm.stride(1),
+        GROUP=group, BLOCK_M=rows, BLOCK_D=block_d, BLOCK_J=block_j, PERMUTED=value_permutation is not None,
+        num_warps=4,
     )
     return (out, lse) if return_lse else out
-
 
 
 def decode_attention_triton(

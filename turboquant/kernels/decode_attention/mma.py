@@ -11,7 +11,7 @@ with ``mma.m16n8k16`` (fp16 operands, fp32 accumulation), H the GQA group padded
 decoded in registers in the layout the instruction reads them from (:mod:`turboquant.kernels._mma`), so no decoded
 tile is written to shared memory. The host gathers the rotated query in the key order
 (:attr:`CacheFormat.mma_query_map`), and the kernel writes output row m to rotated channel
-``value_channel_order[m]``, so the combine kernel (merge, ``Pi_V^T``) is shared with the tile kernel.
+``value_channel_order[m]``, so the merge and rotate kernels are shared with the tile kernel.
 """
 from __future__ import annotations
 
