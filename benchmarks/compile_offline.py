@@ -122,6 +122,16 @@ def _session5_calls(ops: list[str]):
                                         num_stages=stages, kernel="mma")
             label["now"] = "scores b=4 mma"
             mse_scores_triton(torch.randn(8, 4, dim, generator=gen), codes[0], norms[0], cb, 4, kernel="mma")
+            cb3 = tq.lloyd_max_codebook(dim, 3).centroids_tensor()
+            codes3 = tq.pack_codes(torch.randint(0, 8, (*lead, dim), generator=gen), 3)
+            for (k_bits, k_codes, k_cb), (v_bits, v_codes, v_cb) in (((3, codes3, cb3), (3, codes3, cb3)),
+                                                                     ((4, codes, cb), (3, codes3, cb3))):
+                label["now"] = f"decode K{k_bits}V{v_bits} mma bn32 prefetch"
+                decode_attention_triton(torch.randn(1, 32, dim, generator=gen), k_codes, norms, v_codes, norms,
+                                        torch.tensor([64], dtype=torch.int32), k_centroids=k_cb, v_centroids=v_cb,
+                                        k_bits=k_bits, v_bits=v_bits, rotation=rot, num_splits=1, kernel="mma")
+            label["now"] = "scores b=3 mma"
+            mse_scores_triton(torch.randn(8, 4, dim, generator=gen), codes3[0], norms[0], cb3, 3, kernel="mma")
         for bits in (4, 3) if {"decode", "scores"} & set(ops) else ():
             cb = tq.lloyd_max_codebook(dim, bits).centroids_tensor()
             lead = (1, 8, 64)

@@ -17,7 +17,7 @@ import turboquant as tq
 
 pytest.importorskip("triton.experimental.gluon")
 
-from turboquant.kernels._decode import PRMT_PAIR4, prmt_byte_tables  # noqa: E402
+from turboquant.kernels._decode import PRMT_PAIR3, PRMT_PAIR4, prmt_byte_tables  # noqa: E402
 from turboquant.kernels import _mma  # noqa: E402
 from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup  # noqa: E402
 
@@ -34,10 +34,56 @@ def _words(seed: int, n: int = 300) -> list[int]:
     return every + [int(w) for w in rng.integers(0, 2 ** 32, size=n, dtype=np.uint64)] + [0, 2 ** 32 - 1]
 
 
+def _signed(values) -> tuple[int, ...]:
+    return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in values)
+
+
 def test_host_byte_tables_are_the_device_ones() -> None:
     table = _table()
-    assert prmt_byte_tables(torch.from_numpy(table)) == tuple(
-        v - (1 << 32) if v >= 1 << 31 else v for v in _byte_tables(table[8:]))
+    assert prmt_byte_tables(torch.from_numpy(table)) == _signed(_byte_tables(table[8:]))  # 4 bits: magnitudes
+    table3 = tq.lloyd_max_codebook(128, 3).centroids_tensor().numpy().astype(np.float16)
+    assert prmt_byte_tables(torch.from_numpy(table3)) == _signed(_byte_tables(table3))  # 3 bits: the signed table
+    with pytest.raises(ValueError, match="3- or 4-bit codebooks"):
+        prmt_byte_tables(torch.zeros(4))
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_pair3_program_decodes_every_code_of_both_groups(dim) -> None:
+    table = tq.lloyd_max_codebook(dim, 3).centroids_tensor().numpy().astype(np.float16)
+    lo0, lo1, hi0, hi1 = _byte_tables(table)
+    expected = _fp16_bits(table)
+    rng = np.random.default_rng(dim)
+    groups = [sum(((c + k) % 8) << (3 * k) for k in range(8)) for c in range(8)]  # every code at every position
+    groups += [int(g) for g in rng.integers(0, 2 ** 24, size=300)] + [0, 2 ** 24 - 1]
+    for a, b in zip(groups, reversed(groups)):
+        out = run_ptx(PRMT_PAIR3.value, {8: a, 9: b, 10: lo0, 11: lo0, 12: lo1, 13: lo1, 14: hi0, 15: hi0,
+                                         16: hi1, 17: hi1})
+        for c in range(8):
+            assert out[c] == expected[(a >> (3 * c)) & 7] | expected[(b >> (3 * c)) & 7] << 16, (hex(a), hex(b), c)
+
+
+def _row_bits(row: np.ndarray, start: int, count: int) -> int:
+    """Bits ``start .. start + count - 1`` of a little-endian byte row, as an int."""
+    return (int.from_bytes(row.tobytes(), "little") >> start) & ((1 << count) - 1)
+
+
+def test_three_bit_slots_are_the_groups_of_the_row() -> None:
+    """What ``_mma.key_slots`` / ``value_slots`` compute from the words they load (the same formulas, in NumPy) is the
+    24-bit group of the slot's 8 channels: key slot 4t + i = channels 32t + 8i.., value slot 2g + w = 16g + 8w.."""
+    rng = np.random.default_rng(3)
+    for row in rng.integers(0, 256, size=(50, 48), dtype=np.uint8):
+        words = row.view("<u4").astype(np.uint64)  # the 12 words of a 3-bit row of 128 channels
+        for t in range(4):  # key_slots: lane t loads words 3t .. 3t + 2
+            w0, w1, w2 = (int(words[3 * t + i]) for i in range(3))
+            slots = [w0 & 0xFFFFFF, (w0 >> 24) | ((w1 & 0xFFFF) << 8), (w1 >> 16) | ((w2 & 0xFF) << 16), w2 >> 8]
+            for i, slot in enumerate(slots):
+                assert slot == _row_bits(row, 3 * (32 * t + 8 * i), 24)
+        for g in range(8):  # value_slots: lane g loads words floor(3g / 2) and the next
+            first = 3 * (g >> 1) + (g & 1)
+            both = int(words[first]) | (int(words[first + 1]) << 32) if first + 1 < 12 else int(words[first])
+            offset = 16 * (g & 1)
+            for w in range(2):
+                assert (both >> (offset + 24 * w)) & 0xFFFFFF == _row_bits(row, 3 * (16 * g + 8 * w), 24)
 
 
 @pytest.mark.parametrize("dim", [64, 128])
@@ -110,7 +156,10 @@ def _format(bits: int = 4, dim: int = 128, groups: int = 1, device: str = "cpu")
 
 def test_refuses_what_it_does_not_read() -> None:
     assert _format().mma_unsupported(32, 8) is None
-    assert "4-bit" in _format(bits=3).mma_unsupported(32, 8)
+    assert _format(bits=3).mma_unsupported(32, 8) is None
+    assert "not timed at 3 bits" in _format(bits=3).mma_by_default(32, 8)  # read when asked, not by default
+    assert _format().mma_by_default(32, 8) is None
+    assert "3- and 4-bit" in _format(bits=2).mma_unsupported(32, 8)
     assert "head_dim" in _format(dim=64).mma_unsupported(32, 8)
     assert "one channel group" in _format(groups=2).mma_unsupported(32, 8)
     assert "GQA" in _format().mma_unsupported(32, 1)
@@ -131,9 +180,9 @@ def test_auto_takes_the_tile_kernel_where_mma_cannot_serve() -> None:
 def test_launch_names_the_refusal(device) -> None:
     from turboquant.kernels.decode_attention import decode_attention_groups_triton
 
-    cache_format = _format(bits=3, device=str(device))
+    cache_format = _format(bits=2, device=str(device))
     lead = (1, 8, 4)
-    codes = [g.packed(torch.zeros(*lead, 48, dtype=torch.uint8, device=device), torch.ones(lead, device=device))
+    codes = [g.packed(torch.zeros(*lead, 32, dtype=torch.uint8, device=device), torch.ones(lead, device=device))
              for g in cache_format.key_groups]
     with pytest.raises(ValueError, match="kernel='mma' cannot serve"):
         decode_attention_groups_triton(torch.zeros(1, 32, 128, device=device), codes, codes,
@@ -165,7 +214,8 @@ def test_compiles_for_sm90_with_operands_in_registers() -> None:
     keys = [k.strip() for k in header.strip("|").split("|")]
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
             if "mma_split_kernel" in line or "mma_scores_kernel" in line]
-    assert [row["kernel"] for row in rows] == ["mma_split_kernel"] * 4 + ["mma_scores_kernel"]  # 4 decode variants
+    assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 4 + ["mma_scores_kernel"]  # 4-bit variants
+                                               + ["mma_split_kernel"] * 2 + ["mma_scores_kernel"])  # K3V3, K4V3, b=3
     for row in rows:
         assert row["stack"] == "0" and int(row["HMMA"]) > 0, row
         assert int(row["LDSM"]) <= 4 and int(row["STS"]) <= 8, row
@@ -173,16 +223,22 @@ def test_compiles_for_sm90_with_operands_in_registers() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on a CUDA GPU only")
 @pytest.mark.parametrize("batch,tokens,group", [(2, 300, 4), (3, 1000, 6), (1, 70, 7), (2, 129, 16)])
-def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group) -> None:
+@pytest.mark.parametrize("key_bits,value_bits", [(4, 4), (3, 3), (4, 3)])
+def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group, key_bits, value_bits) -> None:
     from turboquant.kernels.decode_attention import decode_attention_groups_reference, decode_attention_groups_triton
 
-    cache_format = _format(device="cuda")
+    def stream(bits, seed):
+        return [ChannelGroup(128, bits, tq.make_rotation("haar", 128, seed=seed, device="cuda").matrix(),
+                             tq.lloyd_max_codebook(128, bits).centroids_tensor("cuda"))]
+    cache_format = CacheFormat.build(stream(key_bits, 0), stream(value_bits, 5), "cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
     lead = (batch, 2, tokens)
-    keys = [g.packed(torch.randint(0, 256, (*lead, 64), dtype=torch.uint8, device="cuda", generator=gen),
-                     torch.rand(lead, device="cuda", generator=gen).half() + 0.5) for g in cache_format.key_groups]
-    values = [g.packed(torch.randint(0, 256, (*lead, 64), dtype=torch.uint8, device="cuda", generator=gen),
-                       torch.rand(lead, device="cuda", generator=gen) + 0.5) for g in cache_format.value_groups]
+
+    def fields(groups, bits, norm_dtype):
+        return [g.packed(torch.randint(0, 256, (*lead, 16 * bits), dtype=torch.uint8, device="cuda", generator=gen),
+                         (torch.rand(lead, device="cuda", generator=gen) + 0.5).to(norm_dtype)) for g in groups]
+    keys = fields(cache_format.key_groups, key_bits, torch.float16)
+    values = fields(cache_format.value_groups, value_bits, torch.float32)
     q = torch.randn(batch, 2 * group, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
     seq_lens = torch.randint(1, tokens + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
     ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format)
@@ -194,16 +250,17 @@ def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on a CUDA GPU only")
 @pytest.mark.parametrize("sets,queries,keys", [(3, 4, 1000), (2, 7, 257), (1, 16, 33)])
-def test_mma_scores_match_reference_on_gpu(sets, queries, keys) -> None:
+@pytest.mark.parametrize("bits", [3, 4])
+def test_mma_scores_match_reference_on_gpu(sets, queries, keys, bits) -> None:
     from turboquant.kernels.scores import mse_scores_reference, mse_scores_triton
 
     gen = torch.Generator(device="cuda").manual_seed(1)
-    cb = tq.lloyd_max_codebook(128, 4).centroids_tensor("cuda")
-    codes = torch.randint(0, 256, (sets, keys, 64), dtype=torch.uint8, device="cuda", generator=gen)
+    cb = tq.lloyd_max_codebook(128, bits).centroids_tensor("cuda")
+    codes = torch.randint(0, 256, (sets, keys, 16 * bits), dtype=torch.uint8, device="cuda", generator=gen)
     norms = torch.rand(sets, keys, device="cuda", generator=gen).half() + 0.5
     q = torch.randn(sets, queries, 128, device="cuda", generator=gen)
-    ref = mse_scores_reference(q, codes, norms, cb, 4, scale=0.3)
-    out = mse_scores_triton(q, codes, norms, cb, 4, scale=0.3, kernel="mma")
+    ref = mse_scores_reference(q, codes, norms, cb, bits, scale=0.3)
+    out = mse_scores_triton(q, codes, norms, cb, bits, scale=0.3, kernel="mma")
     assert ((out.double() - ref).norm() / ref.norm()) < 2e-3
 
 
@@ -213,7 +270,8 @@ def test_mma_scores_refusals() -> None:
     cb = tq.lloyd_max_codebook(128, 4).centroids_tensor()
     codes = torch.zeros(1, 8, 64, dtype=torch.uint8)
     assert mma_scores_unsupported(torch.zeros(1, 4, 128), codes, cb, 4) is None
-    assert "4-bit codes of 128" in mma_scores_unsupported(torch.zeros(1, 4, 64), codes[..., :32], cb, 4)
+    assert "3- and 4-bit codes of 128" in mma_scores_unsupported(torch.zeros(1, 4, 64), codes[..., :32], cb, 4)
+    assert "3- and 4-bit codes of 128" in mma_scores_unsupported(torch.zeros(1, 4, 128), codes[..., :32], cb, 2)
     assert "at most 16 queries" in mma_scores_unsupported(torch.zeros(1, 17, 128), codes, cb, 4)
     assert "32-bit words" in mma_scores_unsupported(torch.zeros(1, 4, 128), codes[:, :, 1:63], cb, 4)
     assert "symmetric" in mma_scores_unsupported(torch.zeros(1, 4, 128), codes, cb.abs(), 4)

@@ -253,11 +253,15 @@ def three_bit_group_values(words, table_ptr, DECODE: tl.constexpr):
 
 
 def prmt_byte_tables(table: torch.Tensor) -> tuple[int, int, int, int]:
-    """The magnitude byte tables of a symmetric 4-bit codebook (its upper 8 fp16 values), as the host hands them to
-    a kernel: low bytes of m_0..m_3, of m_4..m_7, high bytes of each, packed little-endian into int32 values (what
-    :func:`_byte_tables` builds on the device from ``table + 8``). Reads the table through
+    """The byte tables the register decoders look up, as the host hands them to a kernel: for a symmetric 4-bit
+    codebook its 8 magnitudes (the upper 8 fp16 values; what :func:`_byte_tables` builds on the device from
+    ``table + 8``), for a 3-bit one its 8 signed values (``_byte_tables(table)``): low bytes of entries 0..3, of
+    4..7, high bytes of each, packed little-endian into int32 values. Reads the table through
     :func:`~turboquant.codebook.host_codebook` (once per tensor)."""
-    bits = host_codebook(table).view(torch.int16).to(torch.int64)[8:16] & 0xFFFF
+    values = host_codebook(table)
+    if values.numel() not in (8, 16):
+        raise ValueError(f"the register decoders read 3- or 4-bit codebooks, got {values.numel()} entries")
+    bits = values.view(torch.int16).to(torch.int64)[-8:] & 0xFFFF
     packed = [sum(int(b) << (8 * i) for i, b in enumerate(part)) for part in
               (bits[:4] & 255, bits[4:] & 255, bits[:4] >> 8, bits[4:] >> 8)]
     return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in packed)
@@ -295,6 +299,42 @@ PRMT_PAIR4 = tl.constexpr("{\n.reg .b32 s, j, sel, lo, hi, r, t, x;\n" + "\n".jo
     for line in ["prmt.b32 x, $8, $9, 0x5410;", *_nibble_pair_lines("x", ["$0", "$1", "$2", "$3"]),
                  "prmt.b32 x, $8, $9, 0x7632;", *_nibble_pair_lines("x", ["$4", "$5", "$6", "$7"])]) + "\n}")
 PRMT_PAIR4_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 10))
+
+
+def _spread3_lines(src: str, dst: str) -> list[str]:
+    """PTX lines moving the 8 3-bit codes of the 24-bit group word ``src`` (code k at bit 3k) to nibbles of ``dst``
+    (code k at bit 4k): 12-, 6- and 3-bit fields moved apart in three shift-and-mask steps (as in
+    :data:`_PRMT_DECODE3`)."""
+    return [f"and.b32 {dst}, {src}, 0xFFF;", f"and.b32 t, {src}, 0xFFF000;", "shl.b32 t, t, 4;",
+            f"or.b32 {dst}, {dst}, t;", f"and.b32 t, {dst}, 0x0FC00FC0;", f"and.b32 {dst}, {dst}, 0x003F003F;",
+            "shl.b32 t, t, 2;", f"or.b32 {dst}, {dst}, t;", f"and.b32 t, {dst}, 0x38383838;",
+            f"and.b32 {dst}, {dst}, 0x07070707;", "shl.b32 t, t, 1;", f"or.b32 {dst}, {dst}, t;"]
+
+
+def _pair3_lines() -> list[str]:
+    """Lines of :data:`PRMT_PAIR3`: both group words spread to nibbles, their nibbles interleaved into two selector
+    words (even codes: a0 b0 a2 b2 a4 b4 a6 b6; odd codes likewise), each looked up 4 nibbles at a time in the
+    8-entry signed byte tables and the low / high bytes interleaved into (a, b) fp16 pairs."""
+    lines = _spread3_lines("$8", "na") + _spread3_lines("$9", "nb")
+    lines += ["shl.b32 t, nb, 4;", "and.b32 se, na, 0x0F0F0F0F;", "and.b32 t, t, 0xF0F0F0F0;", "or.b32 se, se, t;",
+              "shr.u32 t, na, 4;", "and.b32 so, t, 0x0F0F0F0F;", "and.b32 t, nb, 0xF0F0F0F0;", "or.b32 so, so, t;"]
+    for selector, first in (("se", 0), ("so", 1)):  # codes 2i + first
+        for half in (0, 1):
+            sel = selector if half == 0 else "s"
+            if half:
+                lines.append(f"shr.u32 s, {selector}, 16;")
+            c = first + 4 * half  # codes c and c + 2 of both words from this selector's 4 nibbles
+            lines += [f"prmt.b32 lo, $10, $12, {sel};", f"prmt.b32 hi, $14, $16, {sel};",
+                      f"prmt.b32 ${c}, lo, hi, 0x5140;", f"prmt.b32 ${c + 2}, lo, hi, 0x7362;"]
+    return lines
+
+
+# One invocation (``pack=2``): two 24-bit group words A ($8) and B ($9) of 8 3-bit codes each (code k at bit 3k) ->
+# $c = the fp16 pair (code c of A, code c of B), c = 0..7; $10, $12, $14, $16: the byte tables of the 8 signed
+# values (_byte_tables(table); each scalar passed once per packed element). No sign step: the 8 values are the
+# table. The pairs are what a register MMA operand holds (:data:`PRMT_PAIR4`).
+PRMT_PAIR3 = tl.constexpr("{\n.reg .b32 na, nb, se, so, s, lo, hi, t;\n" + "\n".join(_pair3_lines()) + "\n}")
+PRMT_PAIR3_CONSTRAINTS = PRMT_PAIR4_CONSTRAINTS
 
 
 @triton.jit

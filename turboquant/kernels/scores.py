@@ -142,7 +142,7 @@ def mse_scores_triton(
             symmetric Lloyd-Max codebook; ``"auto"``: ``"prmt"`` on CUDA, else ``"table"``.
         kernel: ``"tiles"`` (this module's kernel; ``block_m`` / ``block_n`` / ``num_warps`` / ``lookup`` /
             ``decoder`` tune it) or ``"mma"`` (:mod:`turboquant.kernels.scores_mma`, Gluon, GPU only: the decoded keys
-            as register operands of ``mma.sync``, for 4-bit codes of 128 channels and at most 16 queries per key set;
+            as register operands of ``mma.sync``, for 3- and 4-bit codes of 128 channels and at most 16 queries per key set;
             ``block_n`` 32 keys per tile there).
     """
     _check(q_rot, codes, norms, centroids, bits)
@@ -157,7 +157,7 @@ def mse_scores_triton(
             raise ValueError(f"kernel='mma': {reason}")
         out = torch.empty((q_rot.shape[0], q_rot.shape[1], codes.shape[1]), dtype=out_dtype, device=q_rot.device)
         if out.numel():
-            mma_scores(q_rot, codes, norms, centroids, scale, out)
+            mma_scores(q_rot, codes, norms, centroids, bits, scale, out)
         return out
     decoder = resolve_decoder(decoder, q_rot.device, lambda: symmetric_codebook(centroids))
     batch, n_queries, dim = q_rot.shape

@@ -103,13 +103,13 @@ class CacheFormat:
 
     def mma_unsupported(self, n_heads: int, n_kv_heads: int) -> str | None:
         """Why the register-operand kernel (:mod:`.mma`) cannot read this format with this GQA shape, or None: it
-        reads one TurboQuant_mse group per stream, 4-bit keys and values of :data:`MMA_HEAD_DIM` channels with
+        reads one TurboQuant_mse group per stream, 3- or 4-bit keys and values of :data:`MMA_HEAD_DIM` channels with
         symmetric codebooks, GQA groups of at most :data:`MMA_MAX_GROUP` query heads."""
         groups = (*self.key_groups, *self.value_groups)
         if len(self.key_groups) != 1 or len(self.value_groups) != 1:
             return "the register-operand kernel reads one channel group per stream"
-        if any(g.bits != 4 or g.sketch is not None for g in groups):
-            return "the register-operand kernel reads 4-bit TurboQuant_mse keys and values"
+        if any(g.bits not in (3, 4) or g.sketch is not None for g in groups):
+            return "the register-operand kernel reads 3- and 4-bit TurboQuant_mse keys and values"
         if self.head_dim != MMA_HEAD_DIM:
             return f"the register-operand kernel reads head_dim {MMA_HEAD_DIM}, not {self.head_dim}"
         if n_heads // n_kv_heads > MMA_MAX_GROUP:
@@ -117,6 +117,15 @@ class CacheFormat:
         if not self.symmetric:
             return "the register-operand kernel decodes symmetric (Lloyd-Max) codebooks"
         return None
+
+    def mma_by_default(self, n_heads: int, n_kv_heads: int) -> str | None:
+        """Why ``kernel="auto"`` does not take the register-operand kernel for this format, or None: where it cannot
+        read it (:meth:`mma_unsupported`), and for 3-bit codes, which it reads (checked against the float64
+        reference off the GPU's timing runs) but which no H200 run has timed yet (``benchmarks/NOTES.md``)."""
+        reason = self.mma_unsupported(n_heads, n_kv_heads)
+        if reason is None and any(g.bits != 4 for g in (*self.key_groups, *self.value_groups)):
+            reason = "3-bit codes: the register-operand kernel is not timed at 3 bits yet (kernel='mma' runs it)"
+        return reason
 
     @cached_property
     def mma_query_map(self) -> torch.Tensor:

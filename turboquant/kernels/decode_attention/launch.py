@@ -130,7 +130,8 @@ def decode_attention_groups_triton(
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     if kernel == "auto" and (decoder != "auto" or inner != "dot" or not lookup):
         kernel = "tiles"  # the tile kernel's own options were asked for
-    kernel = decode_kernel(kernel, q.device, cache_format.mma_unsupported(n_heads, n_kv_heads)).chosen
+    layout = (cache_format.mma_by_default if kernel == "auto" else cache_format.mma_unsupported)(n_heads, n_kv_heads)
+    kernel = decode_kernel(kernel, q.device, layout).chosen
     q_keyed = q.to(torch.float32)
     if key_permutation is not None:  # q_P: the GQA group of query heads shares its KV head's channel order
         grouped = q_keyed.view(batch, n_kv_heads, group, dim)

@@ -1,7 +1,7 @@
 """The split kernel of decode attention with the decoded codes as register operands of ``mma.sync`` (Gluon).
 
 Same math as :mod:`.kernel` (the package docstring), for the layout it serves (:meth:`CacheFormat.mma_unsupported`): one
-TurboQuant_mse channel group per stream, 4-bit keys and values, head_dim 128, a GQA group of at most 16 query
+TurboQuant_mse channel group per stream, 3- or 4-bit keys and values, head_dim 128, a GQA group of at most 16 query
 heads. One program is one warp and owns (batch row, KV head, split); per tile of ``BLOCK_N`` tokens it computes
 
     s^T = K~ Q^T           (BLOCK_N, H):   A = the decoded keys (tokens x channels), B = the rotated queries
@@ -30,7 +30,9 @@ from .._mma import (
     ROWS,
     decoded_keys,
     decoded_values,
+    key_slots,
     key_words_layout,
+    value_slots,
     value_words_layout,
 )
 
@@ -40,14 +42,14 @@ if TYPE_CHECKING:
 
 
 @gluon.jit
-def _load_tile(k_words, v_words, k_norms, v_norms, n0, end, k_tok, k_col, v_tok, v_col, s_tok, k_strides, v_strides,
-               kn_strides, vn_strides):
-    """The key and value words (in their fragment layouts) and float32 norms of tokens ``n0 .. n0 + BLOCK_N - 1``
+def _load_tile(k_words, v_words, k_norms, v_norms, n0, end, k_tok, k_slot, v_tok, v_slot, s_tok, k_strides, v_strides,
+               kn_strides, vn_strides, BLOCK_N: gl.constexpr, KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr):
+    """The key and value slots (in their fragment layouts) and float32 norms of tokens ``n0 .. n0 + BLOCK_N - 1``
     (zero past ``end``)."""
     kt = n0 + k_tok
-    kw = gl.load(k_words + kt.to(gl.int64)[:, None] * k_strides[2] + k_col[None, :], mask=(kt < end)[:, None], other=0)
+    kw = key_slots(k_words, kt, kt < end, k_slot, k_strides[2], BLOCK_N, KEY_BITS)
     vt = n0 + v_tok
-    vw = gl.load(v_words + vt.to(gl.int64)[:, None] * v_strides[2] + v_col[None, :], mask=(vt < end)[:, None], other=0)
+    vw = value_slots(v_words, vt, vt < end, v_slot, v_strides[2], BLOCK_N, VALUE_BITS)
     st = n0 + s_tok
     kn = gl.load(k_norms + st * kn_strides[2], mask=st < end, other=0.0).to(gl.float32)
     vn = gl.load(v_norms + st * vn_strides[2], mask=st < end, other=0.0).to(gl.float32)
@@ -60,10 +62,11 @@ def mma_split_kernel(
     part_lse_ptr, k_tables, v_tables, tokens_per_split, q_strides, k_strides, kn_strides, v_strides, vn_strides,
     part_strides, lse_strides, scale_log2,
     GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, PREFETCH: gl.constexpr,
+    KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr,
 ):
     """One (batch row, KV head, split), one warp. ``q_ptr``: (batch, query heads, 128) fp16 rotated queries in
     :func:`key_channel_order`; ``k_words_ptr`` / ``v_words_ptr``: the packed code rows as int32 words, strides in
-    words; ``value_rows_ptr``: :func:`value_channel_order` (int32); ``*_tables``: the codebooks' magnitude byte
+    words, ``KEY_BITS`` / ``VALUE_BITS`` their code widths (3 or 4: :func:`~turboquant.kernels._mma.key_slots`); ``value_rows_ptr``: :func:`value_channel_order` (int32); ``*_tables``: the codebooks' magnitude byte
     tables (4 int32, ``_decode.prmt_byte_tables``). Writes the split's normalized output, rotated, and its
     log2-sum-exp, as :func:`.kernel.decode_split_kernel` does. ``PREFETCH``: the next tile's loads are issued
     before the current tile is decoded (a register double buffer; Triton does not pipeline loads whose consumer is
@@ -84,9 +87,9 @@ def mma_split_kernel(
     KEY_WORDS: gl.constexpr = key_words_layout(BLOCK_N)
     VALUE_WORDS: gl.constexpr = value_words_layout(BLOCK_N, False)
     k_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, KEY_WORDS))
-    k_col = gl.arange(0, 16, layout=gl.SliceLayout(0, KEY_WORDS))
+    k_slot = gl.arange(0, 16, layout=gl.SliceLayout(0, KEY_WORDS))
     v_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, VALUE_WORDS))
-    v_col = gl.arange(0, 16, layout=gl.SliceLayout(0, VALUE_WORDS))
+    v_slot = gl.arange(0, 16, layout=gl.SliceLayout(0, VALUE_WORDS))
     s_tok = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
     k_words = k_words_ptr + b * k_strides[0] + kv_head * k_strides[1]
     v_words = v_words_ptr + b * v_strides[0] + kv_head * v_strides[1]
@@ -97,24 +100,24 @@ def mma_split_kernel(
     l_i = gl.zeros((HEADS,), gl.float32, layout=gl.SliceLayout(0, MMA))
     acc = gl.zeros((128, HEADS), gl.float32, layout=MMA)
     if PREFETCH:
-        kw, vw, kn, vn = _load_tile(k_words, v_words, k_norms, v_norms, start, end, k_tok, k_col, v_tok, v_col, s_tok,
-                                    k_strides, v_strides, kn_strides, vn_strides)
+        kw, vw, kn, vn = _load_tile(k_words, v_words, k_norms, v_norms, start, end, k_tok, k_slot, v_tok, v_slot, s_tok,
+                                    k_strides, v_strides, kn_strides, vn_strides, BLOCK_N, KEY_BITS, VALUE_BITS)
     for n0 in range(start, end, BLOCK_N):
         if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic (past `end`: masked, no traffic)
-            next_tile = _load_tile(k_words, v_words, k_norms, v_norms, n0 + BLOCK_N, end, k_tok, k_col, v_tok, v_col,
-                                   s_tok, k_strides, v_strides, kn_strides, vn_strides)
+            next_tile = _load_tile(k_words, v_words, k_norms, v_norms, n0 + BLOCK_N, end, k_tok, k_slot, v_tok, v_slot,
+                                   s_tok, k_strides, v_strides, kn_strides, vn_strides, BLOCK_N, KEY_BITS, VALUE_BITS)
         else:
-            kw, vw, kn, vn = _load_tile(k_words, v_words, k_norms, v_norms, n0, end, k_tok, k_col, v_tok, v_col,
-                                        s_tok, k_strides, v_strides, kn_strides, vn_strides)
+            kw, vw, kn, vn = _load_tile(k_words, v_words, k_norms, v_norms, n0, end, k_tok, k_slot, v_tok, v_slot,
+                                        s_tok, k_strides, v_strides, kn_strides, vn_strides, BLOCK_N, KEY_BITS, VALUE_BITS)
         live = n0 + s_tok < end
-        s = mma_v2(decoded_keys(kw, k_tables, BLOCK_N), q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA))
+        s = mma_v2(decoded_keys(kw, k_tables, BLOCK_N, KEY_BITS), q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA))
         s = gl.where(live[:, None], s * (kn * scale_log2)[:, None], float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[None, :])
         l_i = l_i * alpha + gl.sum(p, axis=0)
         p_t = gl.convert_layout((p * vn[:, None]).to(gl.float16), OPERAND_B)
-        acc = mma_v2(decoded_values(vw, v_tables, BLOCK_N), p_t, acc * alpha[None, :])
+        acc = mma_v2(decoded_values(vw, v_tables, BLOCK_N, VALUE_BITS), p_t, acc * alpha[None, :])
         m_i = m_new
         if PREFETCH:
             kw, vw, kn, vn = next_tile
@@ -145,8 +148,9 @@ def mma_split(q_rot: torch.Tensor, keys: QuantizedVectors, values: QuantizedVect
     batch, n_heads, dim = q_rot.shape
     n_kv_heads, max_tokens = keys.codes.shape[1], keys.codes.shape[2]
     group = n_heads // n_kv_heads
+    bits = (cache_format.key_groups[0].bits, cache_format.value_groups[0].bits)
     if num_splits is None:
-        num_splits = default_mma_splits(batch, n_kv_heads, max_tokens, q_rot.device, block_n, group, prefetch)
+        num_splits = default_mma_splits(batch, n_kv_heads, max_tokens, q_rot.device, block_n, group, prefetch, bits)
     tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
     num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
     part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q_rot.device)
@@ -156,20 +160,21 @@ def mma_split(q_rot: torch.Tensor, keys: QuantizedVectors, values: QuantizedVect
         q_rot, k_words, keys.norms, v_words, values.norms, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
         cache_format.mma_tables[0], cache_format.mma_tables[1], tokens_per_split, q_rot.stride()[:2],
         k_words.stride()[:3], keys.norms.stride(), v_words.stride()[:3], values.norms.stride(), part_out.stride()[:3],
-        part_lse.stride()[:2], scale_log2, **_meta(group, block_n, prefetch),
+        part_lse.stride()[:2], scale_log2, **_meta(group, block_n, prefetch, *bits),
     )
     return part_out, part_lse
 
 
-def _meta(group: int, block_n: int, prefetch: bool) -> dict:
-    return dict(GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, PREFETCH=prefetch, num_warps=1)
+def _meta(group: int, block_n: int, prefetch: bool, key_bits: int, value_bits: int) -> dict:
+    return dict(GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, PREFETCH=prefetch, KEY_BITS=key_bits,
+                VALUE_BITS=value_bits, num_warps=1)
 
 
 MAX_BLOCKS_PER_SM = 32  # resident thread blocks per SM on sm_80 - sm_90
 
 
 @functools.cache
-def resident_programs(device_index: int, group: int, block_n: int, prefetch: bool) -> int:
+def resident_programs(device_index: int, group: int, block_n: int, prefetch: bool, bits: tuple[int, int]) -> int:
     """One-warp programs of :func:`mma_split_kernel` that fit on one SM at once: the SM's registers over the
     kernel's (compiled once, fp16 norms; ptxas allocates registers per warp in units of 256), at most
     :data:`MAX_BLOCKS_PER_SM`."""
@@ -180,7 +185,7 @@ def resident_programs(device_index: int, group: int, block_n: int, prefetch: boo
     with torch.cuda.device(device_index):
         compiled = mma_split_kernel.warmup(
             f16, i32, f16, i32, f16, i32, i32, f32, f32, (3, 3, 3, 3), (3, 3, 3, 3), 1024, (4096, 128), words,
-            norms, words, norms, words, (4096, 64), 1.0, grid=(1,), **_meta(group, block_n, prefetch))
+            norms, words, norms, words, (4096, 64), 1.0, grid=(1,), **_meta(group, block_n, prefetch, *bits))
         compiled._init_handles()  # loads the binary, which is when Triton reads its register count
     props = torch.cuda.get_device_properties(device_index)
     registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
@@ -189,12 +194,12 @@ def resident_programs(device_index: int, group: int, block_n: int, prefetch: boo
 
 
 def default_mma_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device, block_n: int,
-                       group: int, prefetch: bool) -> int:
+                       group: int, prefetch: bool, bits: tuple[int, int] = (4, 4)) -> int:
     """Splits so that the grid is one wave of resident programs (:func:`resident_programs` on every SM: a partial
     second wave would leave most SMs idle at its end), at least one tile per split."""
     if device.type != "cuda":
         return 1
     index = device.index if device.index is not None else torch.cuda.current_device()
-    wave = resident_programs(index, group, block_n, prefetch) * torch.cuda.get_device_properties(
+    wave = resident_programs(index, group, block_n, prefetch, bits) * torch.cuda.get_device_properties(
         index).multi_processor_count
     return max(1, min(wave // (batch * n_kv_heads), triton.cdiv(max_tokens, block_n)))
