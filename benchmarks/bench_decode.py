@@ -141,7 +141,7 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
                 from turboquant.kernels.decode_attention.mma import default_mma_splits
 
                 splits = default_mma_splits(bsz, HEADS_KV, ctx, device, kw.get("block_n") or 32, HEADS_Q // HEADS_KV,
-                                            kw.get("num_stages", 2) > 1, (int(k_bits), int(v_bits)))
+                                            kw.get("num_stages", 2) > 1, cache_format.mma_bits)
             else:
                 kw["decoder"] = resolve_decoder(kw.get("decoder", "auto"), device, lambda: cache_format.symmetric)
                 splits = default_num_splits(bsz, HEADS_KV, ctx, device,

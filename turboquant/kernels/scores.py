@@ -142,8 +142,8 @@ def mse_scores_triton(
             symmetric Lloyd-Max codebook; ``"auto"``: ``"prmt"`` on CUDA, else ``"table"``.
         kernel: ``"tiles"`` (this module's kernel; ``block_m`` / ``block_n`` / ``num_warps`` / ``lookup`` /
             ``decoder`` tune it) or ``"mma"`` (:mod:`turboquant.kernels.scores_mma`, Gluon, GPU only: the decoded keys
-            as register operands of ``mma.sync``, for 3- and 4-bit codes of 128 channels and at most 16 queries per key set;
-            ``block_n`` 32 keys per tile there).
+            as register operands of ``mma.sync``, for 3- and 4-bit codes of 128 channels and at most 16 queries per
+            key set; 32 keys per tile there, the tuning options above unused).
     """
     _check(q_rot, codes, norms, centroids, bits)
     check_device(q_rot.device)

@@ -1,12 +1,13 @@
-"""Attention logits from 4-bit TurboQuant_mse keys with the decoded keys as register operands of ``mma.sync`` (Gluon).
+"""Attention logits from 3- and 4-bit TurboQuant_mse keys, the decoded keys as register operands of ``mma.sync``
+(Gluon).
 
 The math of :mod:`turboquant.kernels.scores`, ``scale * n_t <Pi q, c[idx_t]>``, for the layout the register
-operands serve (:func:`mma_scores_unsupported`: 3- or 4-bit codes of 128 channels, a sorted symmetric codebook, at most 16 queries
-per key set, e.g. the GQA group of a KV head). One program is one warp and walks ``TILES`` tiles of ``BLOCK_N`` keys:
-each lane loads the code words of its ``mma.m16n8k16`` fragment, decodes them in registers and multiplies them with
-the queries (:mod:`turboquant.kernels._mma`), ``s^T = K~ Q^T`` (keys x queries, the queries padded to 8 or 16
-columns), so no decoded key is staged through shared memory. The host gathers the rotated queries in the fragment's
-channel order (:func:`~turboquant.kernels._mma.key_channel_order`).
+operands serve (:func:`mma_scores_unsupported`: 3- or 4-bit codes of 128 channels, a sorted symmetric codebook, at
+most 16 queries per key set, e.g. the GQA group of a KV head). One program is one warp and walks ``TILES`` tiles of
+``BLOCK_N`` keys: each lane loads the code words of its ``mma.m16n8k16`` fragment, decodes them in registers and
+multiplies them with the queries (:mod:`turboquant.kernels._mma`), ``s^T = K~ Q^T`` (keys x queries, the queries
+padded to 8 or 16 columns), so no decoded key is staged through shared memory. The host gathers the rotated queries
+in the fragment's channel order (:func:`~turboquant.kernels._mma.key_channel_order`).
 """
 from __future__ import annotations
 

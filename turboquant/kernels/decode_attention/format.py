@@ -143,9 +143,14 @@ class CacheFormat:
 
         return value_channel_order(self.head_dim).to(self.query_map.device, torch.int32)
 
+    @property
+    def mma_bits(self) -> tuple[int, int]:
+        """The key and value code widths the register-operand kernel compiles for (one group per stream)."""
+        return self.key_groups[0].bits, self.value_groups[0].bits
+
     @cached_property
     def mma_tables(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The key and value codebooks' magnitude byte tables (``_decode.prmt_byte_tables``), read back once."""
+        """The key and value codebooks' byte tables (``_decode.prmt_byte_tables``), read back once."""
         return prmt_byte_tables(self.key_tables[0]), prmt_byte_tables(self.value_tables[0])
 
     @property

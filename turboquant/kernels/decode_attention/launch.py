@@ -138,19 +138,24 @@ def decode_attention_groups_triton(
         index = key_permutation.to(device=q.device, dtype=torch.int64)[:, :, None].expand(-1, -1, group, -1)
         q_keyed = grouped.gather(-1, index).view(batch, n_heads, dim)
     if kernel == "mma":  # Gluon, imported only here: Triton releases before Gluon still run the tile kernel
-        from .mma import mma_split
+        from .mma import default_mma_splits, mma_split
 
-        q_rot = (q_keyed @ cache_format.mma_query_map).to(torch.float16)
-        part_out, part_lse = mma_split(q_rot, keys[0], values[0], seq_lens, cache_format, num_splits, block_n or 32,
-                                       scale * math.log2(math.e), num_stages > 1)
+        block_n = block_n or 32
+        num_splits = num_splits or default_mma_splits(batch, n_kv_heads, max_tokens, q.device, block_n, group,
+                                                      num_stages > 1, cache_format.mma_bits)
     else:
         decoder = resolve_decoder(decoder, q.device, lambda: cache_format.symmetric)
         block_n = block_n or default_block_n(cache_format, decoder)
         num_splits = num_splits or default_num_splits(batch, n_kv_heads, max_tokens, q.device, block_n)
-        tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
-        num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
-        part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q.device)
+    tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
+    part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q.device)
+    if kernel == "mma":
+        q_rot = (q_keyed @ cache_format.mma_query_map).to(torch.float16)
+        mma_split(q_rot, keys[0], values[0], seq_lens, cache_format, part_out, part_lse, tokens_per_split, block_n,
+                  scale * math.log2(math.e), num_stages > 1)
+    else:
         _tiles_split(q_keyed, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split, scale,
                      group, block_n, decoder if lookup else "none", inner, num_warps, num_stages)
     return _combine(part_out, part_lse, cache_format, value_permutation, q.dtype, group, return_lse)

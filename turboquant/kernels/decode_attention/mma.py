@@ -1,8 +1,9 @@
 """The split kernel of decode attention with the decoded codes as register operands of ``mma.sync`` (Gluon).
 
-Same math as :mod:`.kernel` (the package docstring), for the layout it serves (:meth:`CacheFormat.mma_unsupported`): one
-TurboQuant_mse channel group per stream, 3- or 4-bit keys and values, head_dim 128, a GQA group of at most 16 query
-heads. One program is one warp and owns (batch row, KV head, split); per tile of ``BLOCK_N`` tokens it computes
+Same math as :mod:`.kernel` (the package docstring), for the layout it serves
+(:meth:`CacheFormat.mma_unsupported`): one TurboQuant_mse channel group per stream, 3- or 4-bit keys and values,
+head_dim 128, a GQA group of at most 16 query heads. One program is one warp and owns (batch row, KV head, split);
+per tile of ``BLOCK_N`` tokens it computes
 
     s^T = K~ Q^T           (BLOCK_N, H):   A = the decoded keys (tokens x channels), B = the rotated queries
     o^T += V~^T (p n_V)^T  (128, H):       A = the decoded values (channels x tokens), B = the probabilities
@@ -66,8 +67,9 @@ def mma_split_kernel(
 ):
     """One (batch row, KV head, split), one warp. ``q_ptr``: (batch, query heads, 128) fp16 rotated queries in
     :func:`key_channel_order`; ``k_words_ptr`` / ``v_words_ptr``: the packed code rows as int32 words, strides in
-    words, ``KEY_BITS`` / ``VALUE_BITS`` their code widths (3 or 4: :func:`~turboquant.kernels._mma.key_slots`); ``value_rows_ptr``: :func:`value_channel_order` (int32); ``*_tables``: the codebooks' magnitude byte
-    tables (4 int32, ``_decode.prmt_byte_tables``). Writes the split's normalized output, rotated, and its
+    words, ``KEY_BITS`` / ``VALUE_BITS`` their code widths (3 or 4: :func:`~turboquant.kernels._mma.key_slots`);
+    ``value_rows_ptr``: :func:`value_channel_order` (int32); ``*_tables``: the codebooks' byte tables (4 int32,
+    ``_decode.prmt_byte_tables``). Writes the split's normalized output, rotated, and its
     log2-sum-exp, as :func:`.kernel.decode_split_kernel` does. ``PREFETCH``: the next tile's loads are issued
     before the current tile is decoded (a register double buffer; Triton does not pipeline loads whose consumer is
     inline assembly)."""
@@ -108,9 +110,11 @@ def mma_split_kernel(
                                    s_tok, k_strides, v_strides, kn_strides, vn_strides, BLOCK_N, KEY_BITS, VALUE_BITS)
         else:
             kw, vw, kn, vn = _load_tile(k_words, v_words, k_norms, v_norms, n0, end, k_tok, k_slot, v_tok, v_slot,
-                                        s_tok, k_strides, v_strides, kn_strides, vn_strides, BLOCK_N, KEY_BITS, VALUE_BITS)
+                                        s_tok, k_strides, v_strides, kn_strides, vn_strides, BLOCK_N, KEY_BITS,
+                                        VALUE_BITS)
         live = n0 + s_tok < end
-        s = mma_v2(decoded_keys(kw, k_tables, BLOCK_N, KEY_BITS), q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA))
+        s = mma_v2(decoded_keys(kw, k_tables, BLOCK_N, KEY_BITS), q_t,
+                   gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA))
         s = gl.where(live[:, None], s * (kn * scale_log2)[:, None], float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         alpha = gl.exp2(m_i - m_new)
@@ -140,29 +144,19 @@ def _words(codes: torch.Tensor) -> torch.Tensor:
 
 
 def mma_split(q_rot: torch.Tensor, keys: QuantizedVectors, values: QuantizedVectors, seq_lens: torch.Tensor,
-              cache_format: CacheFormat, num_splits: int | None, block_n: int, scale_log2: float,
-              prefetch: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch :func:`mma_split_kernel`: the per-split outputs (batch, query heads, splits, 128) float32 and their
-    log2-sum-exp (batch, query heads, splits). ``q_rot``: (batch, query heads, 128) fp16 rotated queries in
-    :func:`key_channel_order`; ``num_splits`` None: :func:`default_mma_splits`."""
-    batch, n_heads, dim = q_rot.shape
-    n_kv_heads, max_tokens = keys.codes.shape[1], keys.codes.shape[2]
-    group = n_heads // n_kv_heads
-    bits = (cache_format.key_groups[0].bits, cache_format.value_groups[0].bits)
-    if num_splits is None:
-        num_splits = default_mma_splits(batch, n_kv_heads, max_tokens, q_rot.device, block_n, group, prefetch, bits)
-    tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
-    num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
-    part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q_rot.device)
-    part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q_rot.device)
+              cache_format: CacheFormat, part_out: torch.Tensor, part_lse: torch.Tensor, tokens_per_split: int,
+              block_n: int, scale_log2: float, prefetch: bool) -> None:
+    """Launch :func:`mma_split_kernel` over ``part_out`` (batch, query heads, splits, 128) / ``part_lse``.
+    ``q_rot``: (batch, query heads, 128) fp16 rotated queries in :func:`key_channel_order`."""
+    batch, n_heads, _ = q_rot.shape
+    n_kv_heads, num_splits = keys.codes.shape[1], part_out.shape[2]
     k_words, v_words = _words(keys.codes), _words(values.codes)
     mma_split_kernel[(batch, n_kv_heads, num_splits)](
         q_rot, k_words, keys.norms, v_words, values.norms, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
         cache_format.mma_tables[0], cache_format.mma_tables[1], tokens_per_split, q_rot.stride()[:2],
         k_words.stride()[:3], keys.norms.stride(), v_words.stride()[:3], values.norms.stride(), part_out.stride()[:3],
-        part_lse.stride()[:2], scale_log2, **_meta(group, block_n, prefetch, *bits),
+        part_lse.stride()[:2], scale_log2, **_meta(n_heads // n_kv_heads, block_n, prefetch, *cache_format.mma_bits),
     )
-    return part_out, part_lse
 
 
 def _meta(group: int, block_n: int, prefetch: bool, key_bits: int, value_bits: int) -> dict:
