@@ -96,10 +96,8 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
     from turboquant.kernels.decode_attention import (
         decode_attention_groups_reference,
         decode_attention_groups_triton,
-        default_block_n,
-        default_num_splits,
+        split_plan,
     )
-    from turboquant.kernels._decode import resolve_decoder
 
     rows, device, baselines = [], bench.device, {}
     cases = [(b, c, kb, vb) for b, c in sizes.batch_context for kb, vb in sizes.bits]
@@ -137,16 +135,11 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
             if skip_off_gpu("decode", name, kw, device):
                 continue
             factor, graph = kw.pop("split_factor", 1), kw.pop("graph", False)
-            if kw.get("kernel") == "mma":
-                from turboquant.kernels.decode_attention.mma import default_mma_splits
-
-                splits = default_mma_splits(bsz, HEADS_KV, ctx, device, kw.get("block_n") or 32, HEADS_Q // HEADS_KV,
-                                            kw.get("num_stages", 2) > 1, cache_format.mma_bits)
-            else:
-                kw["decoder"] = resolve_decoder(kw.get("decoder", "auto"), device, lambda: cache_format.symmetric)
-                splits = default_num_splits(bsz, HEADS_KV, ctx, device,
-                                            kw.get("block_n") or default_block_n(cache_format, kw["decoder"]))
-            kw["num_splits"] = max(1, round(factor * splits))
+            options = {k: v for k, v in kw.items() if k in ("kernel", "decoder", "inner", "lookup", "block_n",
+                                                           "num_stages")}
+            plan = split_plan(cache_format, bsz, HEADS_Q, HEADS_KV, ctx, device, **options)  # what the timed call runs
+            if factor != 1:  # a multiple of that kernel's default split count
+                kw["num_splits"] = max(1, round(factor * plan.num_splits))
             label = f"K{k_bits}V{v_bits} {name}"
             try:
                 err = rel_err(decode_attention_groups_triton(*check_args, **check_perms, **kw), ref)
@@ -158,7 +151,7 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
                 continue
             rows.append(Row("decode", label, size, t, moved, bench.floor_us(moved),
                             f"sdpa bf16 ({base_name})", t_base,
-                            f"rel err {err:.1e} (bf16 out)" if kw.get("lookup", True)
+                            f"{plan.kernel} kernel, rel err {err:.1e} (bf16 out)" if kw.get("lookup", True)
                             else "diagnostic (no lookup)"))
         del keys, values
     return rows

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .utils import DTYPES, Bench, Row, failed_row, kernel_kwargs
+from .utils import DTYPES, Bench, Row, failed_row, kernel_kwargs, skip_off_gpu
 
 __all__ = ["bench_quantize", "bench_quantize_prod", "check_quantize"]
 
@@ -57,6 +57,8 @@ def bench_quantize(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[
         moved = x.numel() * x.element_size() + n * (-(-dim * bits // 8) + 2)
         for name, variant in chosen.items():
             kw, label = kernel_kwargs(variant), f"b={bits} {str(dtype)[6:]} {name}"
+            if skip_off_gpu("quantize", name, kw, bench.device):
+                continue
             try:
                 check = "diagnostic (no nearest-centroid step)" if not kw.get("lookup", True) else check_quantize(
                     torch.randn(min(n, 1 << 16), dim, device=bench.device).to(dtype) * 3, rot, cb, bits, **kw)

@@ -3,6 +3,7 @@
     python -m benchmarks.compile_offline                 # decode + scores variants of session 5, sm_90
     python -m benchmarks.compile_offline --arch 90 --ops decode
     python -m benchmarks.compile_offline --ops mma      # the register-operand kernel (Gluon), 16-64 tokens
+    python -m benchmarks.compile_offline --ops quantize # the warpgroup-MMA quantize kernel (Gluon), 4-1 bits
 
 Each launch of the entry points (called on small CPU tensors of the benchmark's shapes: 32 query / 8 KV heads,
 d = 128) is compiled by ``triton.compile`` for the target instead of being run (Triton's argument binder and
@@ -109,6 +110,18 @@ def _session5_calls(ops: list[str]):
 
     def run(label):
         rot = tq.make_rotation("haar", dim, seed=0).matrix()
+        if "quantize" in ops:  # the warpgroup-MMA quantize kernel (Gluon), launched as quantize_mse_wgmma does
+            from turboquant.kernels import quantize_wgmma
+
+            x = torch.randn(1000, dim, generator=gen).half()
+            for bits in (4, 3, 2, 1):
+                label["now"] = f"quantize b={bits} wgmma"
+                codes = torch.empty(1000, 16 * bits, dtype=torch.uint8)
+                mids = quantize_wgmma._positive_midpoints(
+                    tq.lloyd_max_codebook(dim, bits).boundaries.astype("float64").tobytes(), "cpu")
+                quantize_wgmma.quantize_wgmma_kernel[(4,)](x, quantize_wgmma._code_operand(rot), mids,
+                                                         codes.view(torch.int32), torch.empty(1000), 1000, dim,
+                                                         4 * bits, BITS=bits, num_warps=4)
         if "mma" in ops:  # the register-operand kernel (Gluon): 4-bit K/V only
             cb = tq.lloyd_max_codebook(dim, 4).centroids_tensor()
             lead = (1, 8, 64)

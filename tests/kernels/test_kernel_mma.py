@@ -157,8 +157,6 @@ def _format(bits: int = 4, dim: int = 128, groups: int = 1, device: str = "cpu")
 def test_refuses_what_it_does_not_read() -> None:
     assert _format().mma_unsupported(32, 8) is None
     assert _format(bits=3).mma_unsupported(32, 8) is None
-    assert "not timed at 3 bits" in _format(bits=3).mma_by_default(32, 8)  # read when asked, not by default
-    assert _format().mma_by_default(32, 8) is None
     assert "3- and 4-bit" in _format(bits=2).mma_unsupported(32, 8)
     assert "head_dim" in _format(dim=64).mma_unsupported(32, 8)
     assert "one channel group" in _format(groups=2).mma_unsupported(32, 8)
@@ -262,6 +260,37 @@ def test_mma_scores_match_reference_on_gpu(sets, queries, keys, bits) -> None:
     ref = mse_scores_reference(q, codes, norms, cb, bits, scale=0.3)
     out = mse_scores_triton(q, codes, norms, cb, bits, scale=0.3, kernel="mma")
     assert ((out.double() - ref).norm() / ref.norm()) < 2e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on a CUDA GPU only")
+def test_mma_kernels_replay_in_a_cuda_graph() -> None:
+    """After one eager call, the scores and decode launches are capturable: no host-to-device copy inside (the
+    channel orders and byte tables are made once per device / tensor), and a replay on new inputs is exact."""
+    from turboquant.kernels.decode_attention import decode_attention_groups_triton
+    from turboquant.kernels.scores import mse_scores_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    cb = tq.lloyd_max_codebook(128, 4).centroids_tensor("cuda")
+    codes = torch.randint(0, 256, (2, 2, 300, 64), dtype=torch.uint8, device="cuda", generator=gen)
+    norms = torch.rand(2, 2, 300, device="cuda", generator=gen).half() + 0.5
+    q = torch.randn(2, 8, 128, device="cuda", generator=gen)
+    group = [ChannelGroup(128, 4, tq.make_rotation("haar", 128, seed=0, device="cuda").matrix(), cb)]
+    cache_format = CacheFormat.build(group, group, "cuda")
+    fields = [group[0].packed(codes, norms)]
+    seq_lens = torch.tensor([300, 123], dtype=torch.int32, device="cuda")
+    calls = {"scores": lambda: mse_scores_triton(q[0, None, :4], codes[0, 0, None], norms[0, 0, None], cb, 4,
+                                                 kernel="mma"),
+             "decode": lambda: decode_attention_groups_triton(q, fields, fields, seq_lens, cache_format, kernel="mma")}
+    for name, call in calls.items():
+        call()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = call()
+        q.normal_(generator=gen)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, call()), name
 
 
 def test_mma_scores_refusals() -> None:

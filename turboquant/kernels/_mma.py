@@ -14,6 +14,8 @@ so both widths share the layouts and the orders. Only rows of 128 channels (head
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -27,21 +29,24 @@ ROWS = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]))  # a plain
 
 HEAD_DIM = 128
 
-def key_channel_order(dim: int = HEAD_DIM) -> torch.Tensor:
+@functools.cache
+def key_channel_order(dim: int = HEAD_DIM, device: torch.device | str = "cpu") -> torch.Tensor:
     """Rotated channel at each position k of the key reduction. With k = u0 + 2t + 8c + 64 u1, lane t of a fragment
     decodes words 4t + 2 u1 + u0 of its token (channels 8 (4t + 2 u1 + u0) + c), and code c of that word lands at
     position k: u0 is the pair a 32-bit operand register holds, t the lane, c and u1 the +8 column and the
-    16-column blocks of the fragment."""
+    16-column blocks of the fragment. Made once per ``device`` (a CUDA-graph capture may index with it) and
+    shared: not to be modified."""
     k = torch.arange(dim)
     u0, t, c, u1 = k & 1, (k >> 1) & 3, (k >> 3) & 7, k >> 6
-    return 8 * (4 * t + 2 * u1 + u0) + c
+    return (8 * (4 * t + 2 * u1 + u0) + c).to(device)
 
 
-def value_channel_order(dim: int = HEAD_DIM) -> torch.Tensor:
+@functools.cache
+def value_channel_order(dim: int = HEAD_DIM, device: torch.device | str = "cpu") -> torch.Tensor:
     """Rotated channel of each output row m of the value product. With m = g + 8w + 16c, lane group g decodes words
-    2g + w of a token (channels 16g + 8w + c), and code c of word w is row m."""
+    2g + w of a token (channels 16g + 8w + c), and code c of word w is row m. Made once per ``device``, shared."""
     m = torch.arange(dim)
-    return 16 * (m & 7) + 8 * ((m >> 3) & 1) + (m >> 4)
+    return (16 * (m & 7) + 8 * ((m >> 3) & 1) + (m >> 4)).to(device)
 
 
 # How a decoded tile's axes become the MMA operand. PRMT_PAIR4's 8 outputs (code c of a word pair) are joined pairwise,

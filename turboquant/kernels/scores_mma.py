@@ -103,7 +103,7 @@ def mma_scores(q_rot: torch.Tensor, codes: torch.Tensor, norms: torch.Tensor, ce
     there and by :func:`mma_scores_unsupported`)."""
     batch, n_queries, _ = q_rot.shape
     n_keys = codes.shape[1]
-    q_key = q_rot[..., key_channel_order().to(q_rot.device)].to(torch.float16).contiguous()
+    q_key = q_rot[..., key_channel_order(HEAD_DIM, q_rot.device)].to(torch.float16).contiguous()
     words = codes.view(torch.int32)
     if norms.stride(-1) != 1:
         norms = norms.contiguous()

@@ -43,12 +43,7 @@ The package, one module per job:
 =================  ==========================================================================================
 """
 from .format import MAX_CHANNEL_GROUPS, CacheFormat, ChannelGroup
-from .launch import (
-    decode_attention_groups_triton,
-    decode_attention_triton,
-    default_block_n,
-    default_num_splits,
-)
+from .launch import SplitPlan, decode_attention_groups_triton, decode_attention_triton, split_plan
 from .reference import (
     decode_attention_groups_reference,
     decode_attention_reference,
@@ -57,7 +52,7 @@ from .reference import (
 )
 
 __all__ = [
-    "MAX_CHANNEL_GROUPS", "CacheFormat", "ChannelGroup", "decode_attention_groups_reference",
-    "decode_attention_groups_triton", "decode_attention_reference", "decode_attention_triton", "default_block_n",
-    "default_num_splits", "dequantize_group_reference", "dequantize_stream_reference",
+    "MAX_CHANNEL_GROUPS", "CacheFormat", "ChannelGroup", "SplitPlan", "decode_attention_groups_reference",
+    "decode_attention_groups_triton", "decode_attention_reference", "decode_attention_triton",
+    "dequantize_group_reference", "dequantize_stream_reference", "split_plan",
 ]

@@ -118,15 +118,6 @@ class CacheFormat:
             return "the register-operand kernel decodes symmetric (Lloyd-Max) codebooks"
         return None
 
-    def mma_by_default(self, n_heads: int, n_kv_heads: int) -> str | None:
-        """Why ``kernel="auto"`` does not take the register-operand kernel for this format, or None: where it cannot
-        read it (:meth:`mma_unsupported`), and for 3-bit codes, which it reads (checked against the float64
-        reference off the GPU's timing runs) but which no H200 run has timed yet (``benchmarks/NOTES.md``)."""
-        reason = self.mma_unsupported(n_heads, n_kv_heads)
-        if reason is None and any(g.bits != 4 for g in (*self.key_groups, *self.value_groups)):
-            reason = "3-bit codes: the register-operand kernel is not timed at 3 bits yet (kernel='mma' runs it)"
-        return reason
-
     @cached_property
     def mma_query_map(self) -> torch.Tensor:
         """(head_dim, head_dim) float32: ``q_P @ this`` is the rotated query ``Pi q`` in the register-operand
@@ -134,14 +125,14 @@ class CacheFormat:
         from .._mma import key_channel_order
 
         rotation = self.key_groups[0].rotation.to(self.query_map.device, torch.float32)
-        return rotation.T[:, key_channel_order(self.head_dim).to(rotation.device)].contiguous()
+        return rotation.T[:, key_channel_order(self.head_dim, rotation.device)].contiguous()
 
     @cached_property
     def mma_value_rows(self) -> torch.Tensor:
         """int32 (head_dim,): the rotated value channel of each output row of the register-operand kernel."""
         from .._mma import value_channel_order
 
-        return value_channel_order(self.head_dim).to(self.query_map.device, torch.int32)
+        return value_channel_order(self.head_dim, self.query_map.device).to(torch.int32)
 
     @property
     def mma_bits(self) -> tuple[int, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,6 +35,45 @@ def default_num_splits(batch: int, n_kv_heads: int, max_tokens: int, device: tor
     n_sm = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     wanted = triton.cdiv(8 * n_sm, batch * n_kv_heads)
     return max(1, min(wanted, triton.cdiv(max_tokens, block_n)))
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """What one decode-attention launch runs: the split kernel (``"mma"`` or ``"tiles"``), the tile kernel's decoder
+    (``_decode.resolve_decoder``; unused by ``"mma"``), tokens per tile, and the KV splits with the tokens each
+    covers (a multiple of ``block_n``; ``num_splits = ceil(max_tokens / tokens_per_split)``)."""
+
+    kernel: str
+    decoder: str
+    block_n: int
+    num_splits: int
+    tokens_per_split: int
+
+
+def split_plan(cache_format: CacheFormat, batch: int, n_heads: int, n_kv_heads: int, max_tokens: int,
+               device: torch.device, *, kernel: str = "auto", decoder: str = "auto", inner: str = "dot",
+               lookup: bool = True, block_n: int | None = None, num_splits: int | None = None,
+               num_stages: int = 2) -> SplitPlan:
+    """The :class:`SplitPlan` of :func:`decode_attention_groups_triton` for these options (its docstring; None /
+    ``"auto"`` take the defaults): ``kernel="auto"`` is ``"mma"`` where it serves the cache
+    (:meth:`CacheFormat.mma_unsupported`, ``turboquant.backends.decode_kernel``) unless the tile kernel's own
+    options (``decoder``, ``inner``, ``lookup``) were asked for."""
+    if kernel == "auto" and (decoder != "auto" or inner != "dot" or not lookup):
+        kernel = "tiles"
+    kernel = decode_kernel(kernel, device, cache_format.mma_unsupported(n_heads, n_kv_heads)).chosen
+    if kernel == "mma":
+        from .mma import default_mma_splits
+
+        block_n = block_n or 32
+        num_splits = num_splits or default_mma_splits(batch, n_kv_heads, max_tokens, device, block_n,
+                                                      n_heads // n_kv_heads, num_stages > 1, cache_format.mma_bits)
+    else:
+        decoder = resolve_decoder(decoder, device, lambda: cache_format.symmetric)
+        block_n = block_n or default_block_n(cache_format, decoder)
+        num_splits = num_splits or default_num_splits(batch, n_kv_heads, max_tokens, device, block_n)
+    tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
+    return SplitPlan(kernel, decoder, block_n, num_splits, tokens_per_split)
 
 
 def _row_contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -128,36 +168,25 @@ def decode_attention_groups_triton(
     n_kv_heads, max_tokens = keys[0].codes.shape[1], keys[0].codes.shape[2]
     group = n_heads // n_kv_heads
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    if kernel == "auto" and (decoder != "auto" or inner != "dot" or not lookup):
-        kernel = "tiles"  # the tile kernel's own options were asked for
-    layout = (cache_format.mma_by_default if kernel == "auto" else cache_format.mma_unsupported)(n_heads, n_kv_heads)
-    kernel = decode_kernel(kernel, q.device, layout).chosen
+    plan = split_plan(cache_format, batch, n_heads, n_kv_heads, max_tokens, q.device, kernel=kernel, decoder=decoder,
+                      inner=inner, lookup=lookup, block_n=block_n, num_splits=num_splits, num_stages=num_stages)
     q_keyed = q.to(torch.float32)
     if key_permutation is not None:  # q_P: the GQA group of query heads shares its KV head's channel order
         grouped = q_keyed.view(batch, n_kv_heads, group, dim)
         index = key_permutation.to(device=q.device, dtype=torch.int64)[:, :, None].expand(-1, -1, group, -1)
         q_keyed = grouped.gather(-1, index).view(batch, n_heads, dim)
-    if kernel == "mma":  # Gluon, imported only here: Triton releases before Gluon still run the tile kernel
-        from .mma import default_mma_splits, mma_split
-
-        block_n = block_n or 32
-        num_splits = num_splits or default_mma_splits(batch, n_kv_heads, max_tokens, q.device, block_n, group,
-                                                      num_stages > 1, cache_format.mma_bits)
-    else:
-        decoder = resolve_decoder(decoder, q.device, lambda: cache_format.symmetric)
-        block_n = block_n or default_block_n(cache_format, decoder)
-        num_splits = num_splits or default_num_splits(batch, n_kv_heads, max_tokens, q.device, block_n)
-    tokens_per_split = triton.cdiv(triton.cdiv(max_tokens, num_splits), block_n) * block_n
-    num_splits = triton.cdiv(max_tokens, tokens_per_split) if max_tokens else 1
+    tokens_per_split, num_splits = plan.tokens_per_split, plan.num_splits
     part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q.device)
-    if kernel == "mma":
+    if plan.kernel == "mma":  # Gluon, imported only here: Triton releases before Gluon still run the tile kernel
+        from .mma import mma_split
+
         q_rot = (q_keyed @ cache_format.mma_query_map).to(torch.float16)
-        mma_split(q_rot, keys[0], values[0], seq_lens, cache_format, part_out, part_lse, tokens_per_split, block_n,
-                  scale * math.log2(math.e), num_stages > 1)
+        mma_split(q_rot, keys[0], values[0], seq_lens, cache_format, part_out, part_lse, tokens_per_split,
+                  plan.block_n, scale * math.log2(math.e), num_stages > 1)
     else:
         _tiles_split(q_keyed, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split, scale,
-                     group, block_n, decoder if lookup else "none", inner, num_warps, num_stages)
+                     group, plan.block_n, plan.decoder if lookup else "none", inner, num_warps, num_stages)
     return _combine(part_out, part_lse, cache_format, value_permutation, q.dtype, group, return_lse)
 
 

@@ -1,0 +1,197 @@
+"""TurboQuant_mse quantization (Algorithm 1, lines 5-7) on Hopper's warpgroup MMA (Gluon, sm_90): fp16 rows of 128
+channels -> packed codes + norms, one pass.
+
+A persistent program is one warpgroup (4 warps) and owns tiles of 64 rows. Per tile:
+
+    n = ||x||,   y = (x / n) B   with  B = Pi^T, columns permuted by :func:`code_column_order`  (``wgmma``: the unit
+                                     rows are the register operand, B sits in shared memory, loaded once per program),
+    idx_j = #{k : y_j > t_k}         (the branch-free midpoint tree of ``quantize.py``: the Lloyd-Max midpoints are
+                                      symmetric, so the sign of y and b - 1 compares of |y| against the 2^(b-1) - 1
+                                      positive midpoints, held as scalars),
+
+and the codes go to memory straight from the accumulator. Lane 4g + t of a warp holds accumulator columns
+8j + 2t + u (j = 0..15, u = 0, 1) of its rows; B's column permutation puts rotated channel 32t + 2j + u there, so each
+lane owns the contiguous channels 32t .. 32t + 31 of a row: b 32-bit words of the packed row (16 / 12 / 8 / 4 bytes
+at b = 4 / 3 / 2 / 1), which it assembles with in-register shifts and sums and stores without an exchange. The rows
+are loaded coalesced (16 bytes per lane) and the next tile's loads are issued before the current tile is computed.
+
+The codes equal :func:`turboquant.kernels.quantize.quantize_mse_triton`'s (both multiply fp16 unit rows by the
+fp16-rounded rotation with fp32 sums): the float64 reference differs only for coordinates within ~1e-3 |y| of a
+midpoint. GPU only (Gluon has no interpreter); :func:`wgmma_quantize_unsupported` says what it does not read.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+from ..packing import packed_size
+
+HEAD_DIM = 128
+BLOCK_M = gl.constexpr(64)  # rows per tile: one m64 wgmma per warpgroup
+
+ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16]))
+OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=ACC.value, k_width=2))
+TILE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # 64 x 128 fp16 loads: 16 bytes per lane
+SHARED_B = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+
+
+@functools.cache
+def code_column_order(device: torch.device | str = "cpu") -> torch.Tensor:
+    """Rotated channel computed in accumulator column n: with n = 8j + 2t + u, channel 32t + 2j + u, so lane t of a
+    quad holds the channels 32t .. 32t + 31 of its rows. Made once per ``device``, shared."""
+    n = torch.arange(HEAD_DIM)
+    return (32 * ((n >> 1) & 3) + 2 * (n >> 3) + (n & 1)).to(device)
+
+
+def wgmma_quantize_unsupported(x: torch.Tensor, bits: int) -> str | None:
+    """Why :func:`quantize_mse_wgmma` cannot quantize ``x`` at ``bits``, or None."""
+    if x.dtype != torch.float16:
+        return f"the warpgroup-MMA quantize kernel reads float16 rows, got {x.dtype}"
+    if x.shape[-1] != HEAD_DIM:
+        return f"the warpgroup-MMA quantize kernel reads rows of {HEAD_DIM} channels, not {x.shape[-1]}"
+    if bits not in (1, 2, 3, 4):
+        return f"the warpgroup-MMA quantize kernel writes 1-4-bit codes, not {bits}"
+    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
+        return "the warpgroup-MMA quantize kernel runs on Hopper GPUs (sm_90) only"
+    return None
+
+
+@gluon.jit
+def _tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS: gl.constexpr):
+    """idx = #{k : y > t_k} for a symmetric codebook, from its positive midpoints m0 < m1 < ... (scalars): the sign of
+    y, then a binary search of |y| (b - 1 compares)."""
+    HALF: gl.constexpr = 1 << (BITS - 1)
+    a = gl.abs(y)
+    if BITS == 1:
+        j = (a < 0.0).to(gl.int32)
+    elif BITS == 2:
+        j = (a > m0).to(gl.int32)
+    elif BITS == 3:
+        c1 = a > m1
+        j = c1.to(gl.int32) * 2 + (a > gl.where(c1, m2, m0)).to(gl.int32)
+    else:
+        c2 = a > m3
+        c1 = a > gl.where(c2, m5, m1)
+        t0 = gl.where(c2, gl.where(c1, m6, m4), gl.where(c1, m2, m0))
+        j = c2.to(gl.int32) * 4 + c1.to(gl.int32) * 2 + (a > t0).to(gl.int32)
+    return gl.where(y > 0, HALF + j, (HALF - 1) - j)
+
+
+@gluon.jit
+def _slots(codes, BITS: gl.constexpr):
+    """(64, 128) codes in :data:`ACC` -> (64, 4 lanes t, slots): slot k of lane t packs the codes of rotated channels
+    32t + k W .. 32t + (k + 1) W - 1 (W = 8 for b = 3, else 32 / b), channel c at bits BITS * (c mod W)."""
+    PAIRS: gl.constexpr = 4 if BITS == 3 else 16 // BITS  # accumulator column pairs (j) per slot
+    SLOTS: gl.constexpr = 16 // PAIRS
+    n = gl.arange(0, 128, layout=gl.SliceLayout(0, ACC))
+    shift = BITS * (2 * ((n >> 3) % PAIRS) + (n & 1))
+    x = gl.reshape(codes << shift[None, :], [64, SLOTS, PAIRS, 4, 2])  # n = 8 (PAIRS k + jj) + 2t + u
+    return gl.permute(gl.sum(gl.sum(x, axis=4), axis=2), [0, 2, 1])
+
+
+@gluon.jit
+def _store_words(words, code_words_ptr, row0, n_rows, stride_words, first, step):
+    """Store (64, n) int32 ``words`` of rows ``row0 + arange(64)`` at word columns ``first + step * arange(n)``."""
+    layout: gl.constexpr = words.type.layout
+    rows = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
+    cols = first + step * gl.arange(0, words.shape[1], layout=gl.SliceLayout(0, layout))
+    gl.store(code_words_ptr + rows.to(gl.int64)[:, None] * stride_words + cols[None, :],
+             words.to(gl.int32, bitcast=True), mask=(rows < n_rows)[:, None])
+
+
+@gluon.jit
+def _store_codes(codes, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
+    """Pack (64, 128) int32 codes held in :data:`ACC` (columns in :func:`code_column_order`) into the library's bit
+    stream: lane t writes words BITS t .. BITS t + BITS - 1 of each of its rows."""
+    slots = _slots(codes, BITS)  # (64, t, slot)
+    if BITS == 3:  # four 24-bit groups g0..g3 (slots) -> words 3t, 3t + 1, 3t + 2
+        even, odd = gl.split(gl.reshape(slots.to(gl.uint32, bitcast=True), [64, 4, 2, 2]))
+        g0, g2 = gl.split(even)
+        g1, g3 = gl.split(odd)
+        _store_words(g0 | (g1 << 24), code_words_ptr, row0, n_rows, stride_words, 0, 3)
+        _store_words((g1 >> 8) | (g2 << 16), code_words_ptr, row0, n_rows, stride_words, 1, 3)
+        _store_words((g2 >> 16) | (g3 << 8), code_words_ptr, row0, n_rows, stride_words, 2, 3)
+    else:  # slot k of lane t is word BITS t + k
+        _store_words(gl.reshape(slots, [64, 4 * BITS]), code_words_ptr, row0, n_rows, stride_words, 0, 1)
+
+
+@gluon.jit
+def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_rows, stride_x, stride_words,
+                          BITS: gl.constexpr):
+    """Persistent grid over tiles of 64 rows (module docstring). ``b_ptr``: (128, 128) fp16 B = Pi^T with columns in
+    :func:`code_column_order`; ``mid_ptr``: the 2^(b-1) - 1 positive midpoints (float32, padded to 7 entries);
+    ``code_words_ptr``: the packed rows as int32 words (4 b per row)."""
+    m0, m1, m2, m3 = gl.load(mid_ptr), gl.load(mid_ptr + 1), gl.load(mid_ptr + 2), gl.load(mid_ptr + 3)
+    m4, m5, m6 = gl.load(mid_ptr + 4), gl.load(mid_ptr + 5), gl.load(mid_ptr + 6)
+    cols = gl.arange(0, 128, layout=gl.SliceLayout(0, TILE))
+    k_rows = gl.arange(0, 128, layout=gl.SliceLayout(1, TILE))
+    b = gl.allocate_shared_memory(gl.float16, [128, 128], SHARED_B,
+                                  gl.load(b_ptr + k_rows[:, None] * 128 + cols[None, :]))
+    fence_async_shared()
+    local = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, TILE))
+    pid, n_programs = gl.program_id(0), gl.num_programs(0)
+    rows = pid * BLOCK_M + local
+    x = gl.load(x_ptr + rows.to(gl.int64)[:, None] * stride_x + cols[None, :], mask=(rows < n_rows)[:, None],
+                other=0.0)
+    for tile in range(pid, gl.cdiv(n_rows, BLOCK_M), n_programs):
+        rows = tile * BLOCK_M + local
+        next_rows = rows + n_programs * BLOCK_M
+        x_next = gl.load(x_ptr + next_rows.to(gl.int64)[:, None] * stride_x + cols[None, :],
+                         mask=(next_rows < n_rows)[:, None], other=0.0)
+        xf = x.to(gl.float32)
+        norm = gl.sqrt(gl.sum(xf * xf, axis=1))
+        gl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=rows < n_rows)
+        inv = gl.where(norm > 0, 1.0 / gl.maximum(norm, 1e-30), 0.0)
+        unit = gl.convert_layout((xf * inv[:, None]).to(gl.float16), OPERAND_A)
+        y = warpgroup_mma(unit, b, gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
+        codes = _tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS)
+        _store_codes(codes, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
+        x = x_next
+
+
+@functools.lru_cache(maxsize=64)
+def _positive_midpoints(midpoints: bytes, device: str) -> torch.Tensor:
+    """The 2^(b-1) - 1 positive midpoints of a symmetric codebook, float32 padded to 7 entries, on ``device`` (built
+    once per codebook and device: the launch then copies nothing from the host, as a CUDA-graph capture needs)."""
+    bnd = np.frombuffer(midpoints, dtype=np.float64)
+    if not np.allclose(bnd, -bnd[::-1], rtol=0, atol=1e-7) or np.any(np.diff(bnd) <= 0):
+        raise ValueError("the warpgroup-MMA quantize kernel needs sorted symmetric midpoints (a Lloyd-Max codebook)")
+    padded = np.zeros(7, dtype=np.float32)
+    positive = bnd[bnd.size // 2 + 1:]
+    padded[:positive.size] = positive
+    return torch.tensor(padded, device=device)
+
+
+def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
+                       norms_dtype: torch.dtype = torch.float32, programs_per_sm: int = 3,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes and norms of ``x`` (..., 128) float16 as :func:`~turboquant.kernels.quantize.quantize_mse_triton`
+    returns them (inputs checked there and by :func:`wgmma_quantize_unsupported`), computed by
+    :func:`quantize_wgmma_kernel`; ``boundaries`` the codebook's midpoints as float64."""
+    lead_shape = x.shape[:-1]
+    rows = x.reshape(-1, HEAD_DIM)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    n_rows, row_bytes = rows.shape[0], packed_size(HEAD_DIM, bits)
+    codes = torch.empty((n_rows, row_bytes), dtype=torch.uint8, device=x.device)
+    norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
+    if n_rows:
+        b = _code_operand(rotation_matrix)
+        mids = _positive_midpoints(np.asarray(boundaries, dtype=np.float64).tobytes(), str(x.device))
+        n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
+        grid = (min(triton.cdiv(n_rows, BLOCK_M.value), programs_per_sm * n_sm),)
+        quantize_wgmma_kernel[grid](rows, b, mids, codes.view(torch.int32), norms, n_rows, rows.stride(0),
+                                    row_bytes // 4, BITS=bits, num_warps=4)
+    return codes.reshape(*lead_shape, row_bytes), norms.reshape(lead_shape)
+
+
+def _code_operand(rotation_matrix: torch.Tensor) -> torch.Tensor:
+    """B = Pi^T (128 x 128 fp16) with columns in :func:`code_column_order`."""
+    order = code_column_order(rotation_matrix.device)
+    return rotation_matrix.T[:, order].to(torch.float16).contiguous()
