@@ -253,7 +253,7 @@ def _parse_rows(path: Path, text: str) -> _Rows:
     buffer = io.StringIO()
     csv.writer(buffer).writerows([header, *good])
     buffer.seek(0)
-    frame = pd.read_csv(buffer, low_memory=False, dtype={c: str for c in _ID_COLUMNS})
+    frame = pd.read_csv(buffer, low_memory=False, dtype={c: str for c in _ID_COLUMNS}, float_precision="round_trip")
     return _Rows(frame, dict(sorted(damaged.items())), damaged_units)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DECODE_KERNELS", "FUSED_DECODE_CHOICES", "KERNEL_BITS", "QUANTIZER_BACKENDS", "Choice", "KernelStream",
+__all__ = ["DECODE_KERNELS", "QUANTIZE_KERNELS", "FUSED_DECODE_CHOICES", "KERNEL_BITS", "QUANTIZER_BACKENDS", "Choice", "KernelStream",
            "ann_search_path", "capability_table", "check_fused_decode", "decode_kernel", "decode_read_path",
            "fastscan_layout", "gluon_unavailable", "lut_layout", "numba_available", "quantizer_backend",
            "triton_available", "triton_unavailable"]
@@ -46,6 +46,7 @@ QUANTIZER_BACKENDS = ("auto", "torch", "triton", "numba")
 FUSED_DECODE_CHOICES = (False, True, "auto")
 ANN_SCORERS = ("auto", "dense", "lut", "fastscan")
 DECODE_KERNELS = ("auto", "mma", "tiles")
+QUANTIZE_KERNELS = ("auto", "wgmma", "tiles")
 
 
 @dataclass(frozen=True)
@@ -247,10 +248,24 @@ def decode_kernel(requested: str, device: torch.device | str | None, layout: str
                    f"kernel={requested!r}")
 
 
+def quantize_kernel(requested: str, device: torch.device | str | None, layout: str | None) -> Choice:
+    """The kernel of ``quantize_mse_triton``: ``"wgmma"`` (Gluon, Hopper: the rotation as the shared-memory operand
+    of the warpgroup MMA, codes packed from the accumulator; ``benchmarks/NOTES.md`` session 17) where it runs and
+    reads the rows, else ``"tiles"`` (every shape and width, the interpreter too). ``layout``: why the wgmma kernel
+    cannot read these rows (``quantize_wgmma.wgmma_quantize_unsupported``), None if it can; ``device`` None: judged
+    by the rows alone."""
+    if requested not in QUANTIZE_KERNELS:
+        raise ValueError(f"kernel must be one of {QUANTIZE_KERNELS}, got {requested!r}")
+    wgmma = (None if device is None else gluon_unavailable(device)) or layout
+    return _decide("quantize kernel", None if requested == "auto" else requested, {"wgmma": wgmma, "tiles": None},
+                   f"kernel={requested!r}")
+
+
 def capability_table(device: torch.device | str) -> str:
     """The table for ``device``: every quantizer at d = 128 under ``backend="auto"``, the decode read path of K/V
     caches of 2-5 bits judged by their configuration alone (the device's part is the first line), and the fused
-    path's split kernel for a one-group 4-bit cache at head_dim 128 on ``device``."""
+    path's split kernel for a one-group 4-bit cache at head_dim 128 on ``device``, and the quantize kernel of fp16
+    rows of 128 channels there."""
     device = torch.device(device)
     lines = [f"device {device}: Triton kernels {'run' if triton_available(device) else 'do not run'} here; "
              f"numba {'installed' if numba_available() else 'not installed'}"]
@@ -262,4 +277,5 @@ def capability_table(device: torch.device | str) -> str:
         streams = [KernelStream("key", "turboquant", bits), KernelStream("value", "turboquant", bits)]
         lines.append(f"  {f'K{bits}/V{bits} cache':<24} {decode_read_path('auto', None, streams)}")
     lines.append(f"  {'K4/V4 d=128 kernel':<24} {decode_kernel('auto', device, None)}")
+    lines.append(f"  {'quantize fp16 d=128':<24} {quantize_kernel('auto', device, None)}")
     return "\n".join(lines)

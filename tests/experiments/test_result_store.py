@@ -35,6 +35,16 @@ def test_store_parses_results_again_only_when_the_file_changes(tmp_path: Path, m
     assert store.is_done({"bits": 2}) and reads.count("results.csv") == 2
 
 
+def test_stored_floats_survive_the_rewrites_of_later_units(tmp_path: Path) -> None:
+    """Each save re-reads and rewrites the file: a float the default pandas parser reads one ulp off
+    (54.362499146542284) must keep its text and value through later saves."""
+    store = ResultStore(tmp_path, "toy", CONFIG)
+    store.save_unit({"bits": 1}, [{"value": 54.362499146542284}])
+    store.save_unit({"bits": 2}, [{"value": 2.0}])
+    assert "54.362499146542284" in (tmp_path / "toy" / "results.csv").read_text()
+    assert store.frame()["value"].iloc[0] == 54.362499146542284
+
+
 def test_run_units_computes_only_the_missing_units_and_prepares_once(tmp_path: Path) -> None:
     config = {"experiment": {"name": "loop"}, "seed": 0}
     store = ResultStore(tmp_path, "loop", config)

@@ -69,9 +69,14 @@ def test_refusals() -> None:
     assert "128 channels" in qw.wgmma_quantize_unsupported(x[:, :64], 4)
     assert "1-4-bit" in qw.wgmma_quantize_unsupported(x, 5)
     assert "Hopper" in qw.wgmma_quantize_unsupported(x, 4)  # not on the CPU
+    from turboquant.backends import quantize_kernel
+
+    assert quantize_kernel("auto", None, None).chosen == "wgmma"  # the rows alone
+    assert quantize_kernel("auto", None, "float32 rows").chosen == "tiles"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     cb = tq.lloyd_max_codebook(128, 4)
-    with pytest.raises(ValueError, match="kernel='wgmma'"):
-        quantize_mse_triton(x, torch.eye(128), cb.boundaries, 4, kernel="wgmma")
+    with pytest.raises(ValueError, match="kernel='wgmma' cannot serve"):  # float32 rows (and no Gluon on a CPU)
+        quantize_mse_triton(x.float().to(device), torch.eye(128, device=device), cb.boundaries, 4, kernel="wgmma")
     with pytest.raises(ValueError, match="symmetric"):
         qw._positive_midpoints(np.array([-0.5, 0.1, 0.6]).tobytes(), "cpu")
 
@@ -100,12 +105,12 @@ def test_matches_reference_on_gpu(bits, n) -> None:
     cb = tq.lloyd_max_codebook(128, bits)
     rotation = tq.make_rotation("haar", 128, seed=3).matrix().cuda()
     x = (3 * torch.randn(n, 128, generator=gen)).half().cuda()
-    x[n // 2] = 0
+    x[n // 2] = 0 if n > 1 else x[0]  # a zero row among others
     codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, bits, kernel="wgmma")
     ref_codes, ref_norms, y = quantize_mse_reference(x, rotation, cb.boundaries, bits)
     keep = ref_norms > 0
     assert_codes_match(codes[keep], ref_codes[keep], y[keep], cb.boundaries, bits, 128)
-    assert norms[n // 2] == 0
+    assert (norms[~keep] == 0).all() and int(keep.sum()) == n - (n > 1)
     torch.testing.assert_close(norms.double(), ref_norms, rtol=1e-6, atol=0)
 
 

@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..backends import gluon_unavailable, quantize_kernel
 from ..packing import packed_size
 from ._layout import (
     check_device,
@@ -281,7 +282,7 @@ def quantize_mse_triton(
     programs_per_sm: int = 4,
     lookup: bool = True,
     nearest: str = "table",
-    kernel: str = "tiles",
+    kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TurboQuant_mse codes and norms of ``x`` (..., dim) in one kernel.
 
@@ -296,9 +297,11 @@ def quantize_mse_triton(
         lookup: False skips the nearest-centroid step and returns wrong codes (benchmark attribution only).
         nearest: ``"table"`` (cell-table gather) or ``"tree"`` (midpoint binary search in registers, symmetric
             codebooks; module docstring).
-        kernel: ``"tiles"`` (this module's kernel; the options above tune it) or ``"wgmma"``
+        kernel: ``"tiles"`` (this module's kernel; the options above tune it), ``"wgmma"``
             (:mod:`turboquant.kernels.quantize_wgmma`, Gluon, Hopper only: float16 rows of 128 channels, symmetric
-            codebooks, the midpoint tree; the tuning options above unused).
+            codebooks, the midpoint tree; the tuning options above unused) or ``"auto"``: ``"wgmma"`` where it serves
+            (``turboquant.backends.quantize_kernel``), else ``"tiles"``; ``"tiles"`` as well when ``nearest`` or
+            ``lookup`` is not its default.
 
     Returns:
         ``(codes, norms)``: uint8 (..., ceil(dim * bits / 8)) in the library's packed layout, and
@@ -309,14 +312,18 @@ def quantize_mse_triton(
     bytes_per_group, codes_per_group = group_geometry(bits)
     if len(_as_numpy(boundaries)) != 2 ** bits - 1:
         raise ValueError(f"{bits}-bit codebook needs {2 ** bits - 1} boundaries")
-    if kernel not in ("tiles", "wgmma"):
-        raise ValueError(f"kernel must be 'tiles' or 'wgmma', got {kernel!r}")
-    if kernel == "wgmma":  # Gluon, imported only here: Triton releases before Gluon still run the tile kernel
-        from .quantize_wgmma import quantize_mse_wgmma, wgmma_quantize_unsupported
+    if kernel == "auto" and (nearest != "table" or not lookup):
+        kernel = "tiles"  # the tile kernel's own options were asked for
+    if kernel != "tiles":
+        reason = gluon_unavailable(x.device)
+        if reason is None:  # Gluon, imported only here: Triton releases before Gluon still run the tile kernel
+            from .quantize_wgmma import wgmma_quantize_unsupported
 
-        reason = wgmma_quantize_unsupported(x, bits)
-        if reason is not None:
-            raise ValueError(f"kernel='wgmma': {reason}")
+            reason = wgmma_quantize_unsupported(x, bits)
+        kernel = quantize_kernel(kernel, x.device, reason).chosen
+    if kernel == "wgmma":
+        from .quantize_wgmma import quantize_mse_wgmma
+
         return quantize_mse_wgmma(x, rotation_matrix, _as_numpy(boundaries), bits, norms_dtype)
     lead_shape = x.shape[:-1]
     rows = x.reshape(-1, dim)
