@@ -258,3 +258,23 @@ def test_register_decoder_needs_a_symmetric_codebook(device, generator):
         decode_attention_triton(*tensors, seq_lens, decoder="lut", **common)
     with pytest.raises(ValueError, match="inner must be"):
         decode_attention_triton(*tensors, seq_lens, inner="wgmma", **common)
+
+
+@pytest.mark.parametrize("max_tokens, num_splits, block_n",
+                         [(1000, None, None), (1000, 3, 64), (70, 8, 32), (0, None, None)])
+def test_split_plan_covers_the_tokens_with_whole_tiles(device, max_tokens, num_splits, block_n):
+    """``split_plan``: the kernel ``kernel="auto"`` runs here (the register-operand one only on a CUDA GPU for this
+    4-bit one-group cache; the tile kernel whenever a tile option is asked for), and splits of whole tiles that cover
+    every token, the last one non-empty."""
+    from turboquant.kernels.decode_attention import split_plan
+
+    group = [ChannelGroup(128, 4, tq.make_rotation("haar", 128, seed=0).matrix().to(device),
+                          tq.lloyd_max_codebook(128, 4).centroids_tensor(device))]
+    cache_format = CacheFormat.build(group, group, device)
+    plan = split_plan(cache_format, 2, 8, 2, max_tokens, torch.device(device), num_splits=num_splits, block_n=block_n)
+    assert plan.kernel == ("mma" if torch.device(device).type == "cuda" else "tiles")
+    assert split_plan(cache_format, 2, 8, 2, max_tokens, torch.device(device), decoder="table").kernel == "tiles"
+    assert plan.tokens_per_split % plan.block_n == 0 and plan.num_splits >= 1
+    if max_tokens:
+        assert plan.num_splits * plan.tokens_per_split >= max_tokens > (plan.num_splits - 1) * plan.tokens_per_split
+        assert num_splits is None or plan.num_splits <= num_splits
