@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DECODE_KERNELS", "QUANTIZE_KERNELS", "FUSED_DECODE_CHOICES", "KERNEL_BITS", "QUANTIZER_BACKENDS", "Choice", "KernelStream",
-           "ann_search_path", "capability_table", "check_fused_decode", "decode_kernel", "decode_read_path",
-           "fastscan_layout", "gluon_unavailable", "lut_layout", "numba_available", "quantizer_backend",
-           "triton_available", "triton_unavailable"]
+__all__ = ["DECODE_KERNELS", "FUSED_DECODE_CHOICES", "KERNEL_BITS", "QUANTIZE_KERNELS", "QUANTIZER_BACKENDS", "Choice",
+           "KernelStream", "ann_search_path", "capability_table", "check_fused_decode", "decode_kernel",
+           "decode_read_path", "fastscan_layout", "gluon_unavailable", "lut_layout", "numba_available",
+           "quantize_kernel", "quantizer_backend", "triton_available", "triton_unavailable"]
 
 #: Code widths the Triton kernels read and write (``turboquant.kernels._layout``: lcm(b, 8)-bit groups).
 KERNEL_BITS = (1, 2, 3, 4)
