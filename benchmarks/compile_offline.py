@@ -114,14 +114,15 @@ def _session5_calls(ops: list[str]):
             from turboquant.kernels import quantize_wgmma
 
             x = torch.randn(1000, dim, generator=gen).half()
-            for bits in (4, 3, 2, 1):
-                label["now"] = f"quantize b={bits} wgmma"
-                codes = torch.empty(1000, 16 * bits, dtype=torch.uint8)
-                mids = quantize_wgmma._positive_midpoints(
-                    tq.lloyd_max_codebook(dim, bits).boundaries.astype("float64").tobytes(), "cpu")
-                quantize_wgmma.quantize_wgmma_kernel[(4,)](x, quantize_wgmma._code_operand(rot), mids,
-                                                         codes.view(torch.int32), torch.empty(1000), 1000, dim,
-                                                         4 * bits, BITS=bits, num_warps=4)
+            for nearest in ("tree", "fma"):
+                for bits in (4, 3, 2, 1):
+                    label["now"] = f"quantize b={bits} wgmma {nearest}"
+                    codes = torch.empty(1000, 16 * bits, dtype=torch.uint8)
+                    mids = quantize_wgmma._positive_midpoints(
+                        tq.lloyd_max_codebook(dim, bits).boundaries.astype("float64").tobytes(), "cpu")
+                    quantize_wgmma.quantize_wgmma_kernel[(4,)](x, quantize_wgmma._code_operand(rot), mids,
+                                                             codes.view(torch.int32), torch.empty(1000), 1000, dim,
+                                                             4 * bits, BITS=bits, NEAREST=nearest, num_warps=4)
         if "mma" in ops:  # the register-operand kernel (Gluon): 4-bit K/V only
             cb = tq.lloyd_max_codebook(dim, 4).centroids_tensor()
             lead = (1, 8, 64)

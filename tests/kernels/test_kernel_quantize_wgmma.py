@@ -55,6 +55,53 @@ def test_lane_packing_is_the_library_bit_stream(bits) -> None:
         assert np.array_equal(_lane_words(codes.numpy(), bits).view(np.uint8), packed)
 
 
+def _fma_codes_emulated(y: np.ndarray, positive_mids: np.ndarray, bits: int) -> np.ndarray:
+    """``_fma_codes`` in NumPy: float32 scalars and FMAs (one rounding), ``fma.rn.sat`` clamped to [0, 1]."""
+    f32, scale = np.float32, np.float32(2.0 ** 40)
+    m = [f32(v) for v in positive_mids] + [f32(0)] * (7 - len(positive_mids))
+
+    def fma(a, b, c):
+        return (np.float64(a) * np.float64(b) + np.float64(c)).astype(np.float32)
+
+    def above(a, neg):
+        return np.clip(fma(a, np.float32(2.0 ** 40), neg), 0, 1)
+
+    a, half = np.abs(y), 1 << (bits - 1)
+    if bits == 1:
+        j = np.zeros_like(y)
+    elif bits == 2:
+        j = above(a, m[0] * -scale)
+    elif bits == 3:
+        c1 = above(a, m[1] * -scale)
+        j = fma(c1, 2.0, above(a, fma(c1, (m[0] - m[2]) * scale, m[0] * -scale)))
+    else:
+        c2 = above(a, m[3] * -scale)
+        c1 = above(a, fma(c2, (m[1] - m[5]) * scale, m[1] * -scale))
+        step = fma(c2, (m[4] + m[2] - m[6] - m[0]) * scale, (m[0] - m[2]) * scale)
+        c0 = above(a, fma(c1, step, fma(c2, (m[0] - m[4]) * scale, m[0] * -scale)))
+        j = fma(c2, 4.0, fma(c1, 2.0, c0))
+    positive = np.clip(fma(y, np.float32(2.0 ** 126), 0.0), 0, 1)
+    biased = fma(positive, fma(j, 2.0, 1.0), f32(half - 1 + 12582912.0) - j)
+    return biased.view(np.int32) & ((1 << bits) - 1)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+def test_fma_codes_are_the_nearest_centroids(bits) -> None:
+    """The floating-point code step (saturating FMAs instead of compares and selects) gives #{k : y > t_k} for every
+    y, exactly at the midpoints and one ulp either side of them included, but within an ulp of a midpoint."""
+    boundaries = tq.lloyd_max_codebook(128, bits).boundaries
+    mids = qw._positive_midpoints(np.asarray(boundaries, dtype=np.float64).tobytes(), "cpu").numpy()
+    t = np.asarray(boundaries, dtype=np.float32)
+    near = np.concatenate([t, np.nextafter(t, np.float32(1)), np.nextafter(t, np.float32(-1))])
+    y = np.concatenate([np.random.default_rng(bits).normal(0, 0.12, 20000).astype(np.float32), near,
+                        np.float32([0.0, -0.0, 1e-30, -1e-30, 0.9, -0.9])])
+    got = _fma_codes_emulated(y, mids[:2 ** (bits - 1) - 1], bits)
+    want = np.searchsorted(t, y, side="left")
+    ulp = np.abs(np.spacing(np.maximum(np.abs(y), 1e-3))).astype(np.float64)
+    tie = np.abs(y[:, None].astype(np.float64) - t[None, :]).min(axis=1) <= 2 * ulp
+    assert np.array_equal(got[~tie], want[~tie]) and (np.abs(got - want) <= 1).all()
+
+
 def test_each_lane_owns_32_contiguous_channels() -> None:
     order = qw.code_column_order().numpy()
     n = np.arange(128)
@@ -92,21 +139,25 @@ def test_offline_compile_for_sm90() -> None:
     keys = [k.strip() for k in header.strip("|").split("|")]
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
             if "quantize_wgmma_kernel" in line]
-    assert [row["launch"] for row in rows] == [f"quantize b={b} wgmma" for b in (4, 3, 2, 1)]
+    launches = [f"quantize b={b} wgmma {nearest}" for nearest in ("tree", "fma") for b in (4, 3, 2, 1)]
+    assert [row["launch"] for row in rows] == launches
     for row in rows:
         assert row["stack"] == "0" and int(row["HGMMA"]) > 0 and int(row["STS"]) <= 24, row
+    for tree, fma in zip(rows[:3], rows[4:7]):  # 4-2 bits: the FMA code step has no selects left
+        assert int(fma["SEL"]) < int(tree["SEL"]) / 10, (tree, fma)
 
 
 @pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
 @pytest.mark.parametrize("bits", [1, 2, 3, 4])
 @pytest.mark.parametrize("n", [1, 70, 5000])
-def test_matches_reference_on_gpu(bits, n) -> None:
+@pytest.mark.parametrize("nearest", ["tree", "fma"])
+def test_matches_reference_on_gpu(bits, n, nearest) -> None:
     gen = torch.Generator().manual_seed(n + bits)
     cb = tq.lloyd_max_codebook(128, bits)
     rotation = tq.make_rotation("haar", 128, seed=3).matrix().cuda()
     x = (3 * torch.randn(n, 128, generator=gen)).half().cuda()
     x[n // 2] = 0 if n > 1 else x[0]  # a zero row among others
-    codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, bits, kernel="wgmma")
+    codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, bits, kernel="wgmma", nearest=nearest)
     ref_codes, ref_norms, y = quantize_mse_reference(x, rotation, cb.boundaries, bits)
     keep = ref_norms > 0
     assert_codes_match(codes[keep], ref_codes[keep], y[keep], cb.boundaries, bits, 128)

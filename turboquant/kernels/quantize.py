@@ -139,7 +139,8 @@ def nearest_operands(boundaries: torch.Tensor | np.ndarray, nearest: str, device
     kept: a host-to-device copy per launch would synchronise the stream at every call (a decode step quantizes
     each new token), and the kernels only read the table."""
     if nearest not in ("table", "tree", "none"):
-        raise ValueError(f"nearest must be 'table' or 'tree', got {nearest!r}")
+        raise ValueError(f"the tile kernel's nearest step is 'table' or 'tree', got {nearest!r}"
+                         + (" ('fma' is the wgmma kernel's)" if nearest == "fma" else ""))
     bnd = _as_numpy(boundaries)  # "none" reads the cell table too: one cached copy for both
     return _device_operands(bnd.tobytes(), "tree" if nearest == "tree" else "table", str(torch.device(device)))
 
@@ -296,7 +297,8 @@ def quantize_mse_triton(
             depth of the row loads, persistent programs per SM).
         lookup: False skips the nearest-centroid step and returns wrong codes (benchmark attribution only).
         nearest: ``"table"`` (cell-table gather) or ``"tree"`` (midpoint binary search in registers, symmetric
-            codebooks; module docstring).
+            codebooks; module docstring); the wgmma kernel has no table and runs the tree for both, or ``"fma"``
+            (its code step in saturating FMAs, :func:`~turboquant.kernels.quantize_wgmma._fma_codes`; wgmma only).
         kernel: ``"tiles"`` (this module's kernel; the options above tune it), ``"wgmma"``
             (:mod:`turboquant.kernels.quantize_wgmma`, Gluon, Hopper only: float16 rows of 128 channels, symmetric
             codebooks, the midpoint tree; the tuning options above unused) or ``"auto"``: ``"wgmma"`` where it serves
@@ -312,7 +314,9 @@ def quantize_mse_triton(
     bytes_per_group, codes_per_group = group_geometry(bits)
     if len(_as_numpy(boundaries)) != 2 ** bits - 1:
         raise ValueError(f"{bits}-bit codebook needs {2 ** bits - 1} boundaries")
-    if kernel == "auto" and (nearest != "table" or not lookup):
+    if nearest not in ("table", "tree", "fma"):
+        raise ValueError(f"nearest must be 'table', 'tree' or 'fma', got {nearest!r}")
+    if kernel == "auto" and (nearest == "tree" or not lookup):
         kernel = "tiles"  # the tile kernel's own options were asked for
     if kernel != "tiles":
         reason = gluon_unavailable(x.device)
@@ -324,7 +328,8 @@ def quantize_mse_triton(
     if kernel == "wgmma":
         from .quantize_wgmma import quantize_mse_wgmma
 
-        return quantize_mse_wgmma(x, rotation_matrix, _as_numpy(boundaries), bits, norms_dtype)
+        return quantize_mse_wgmma(x, rotation_matrix, _as_numpy(boundaries), bits, norms_dtype,
+                                  nearest="fma" if nearest == "fma" else "tree")
     lead_shape = x.shape[:-1]
     rows = x.reshape(-1, dim)
     if rows.stride(-1) != 1:

@@ -83,6 +83,47 @@ def _tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS: gl.constexpr):
     return gl.where(y > 0, HALF + j, (HALF - 1) - j)
 
 
+# 1.0 where $1 > t, 0.0 where $1 <= t, given $2 = -t * 2^40: one saturating FMA (the FMA pipe, no compare or
+# select). Exact for thresholds t >= 2^-10 (any fp32 value above t then exceeds it by >= 2^-33, so the product is
+# >= 128); with $2 = 0 and the scale 2^126 instead, 1.0 exactly where $1 is a positive normal number.
+_ABOVE = gl.constexpr("fma.rn.sat.f32 $0, $1, 0f53800000, $2;")
+_POSITIVE = gl.constexpr("fma.rn.sat.f32 $0, $1, 0f7E800000, 0f00000000;")
+_SCALE = gl.constexpr(1099511627776.0)  # 2^40
+
+
+@gluon.jit
+def _above(a, neg_scaled):
+    return gl.inline_asm_elementwise(_ABOVE, "=r,r,r", [a, neg_scaled], dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _fma_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS: gl.constexpr):
+    """The codes of :func:`_tree_codes` in floating-point arithmetic, for the FMA pipe instead of the integer one
+    (the tree's compares and selects are what bound the kernel, ``benchmarks/NOTES.md`` session 17): each level's
+    compare of |y| is a saturating FMA (:data:`_ABOVE`), the next level's threshold an FMA of the outcomes so far,
+    j = sum 2^l c_l, code = h - 1 - j + [y > 0] (2j + 1), read from the bits of code + 1.5 * 2^23. The thresholds
+    enter as -t * 2^40 (exact: a power-of-two scaling); their FMA combinations round once, which can move a threshold
+    by an ulp (a tie)."""
+    HALF: gl.constexpr = 1 << (BITS - 1)
+    a = gl.abs(y)
+    if BITS == 1:
+        j = gl.zeros_like(y)
+    elif BITS == 2:
+        j = _above(a, m0 * -_SCALE)
+    elif BITS == 3:
+        c1 = _above(a, m1 * -_SCALE)
+        j = gl.fma(c1, 2.0, _above(a, gl.fma(c1, (m0 - m2) * _SCALE, m0 * -_SCALE)))
+    else:
+        c2 = _above(a, m3 * -_SCALE)
+        c1 = _above(a, gl.fma(c2, (m1 - m5) * _SCALE, m1 * -_SCALE))
+        step = gl.fma(c2, (m4 + m2 - m6 - m0) * _SCALE, (m0 - m2) * _SCALE)  # threshold change when c1 = 1
+        c0 = _above(a, gl.fma(c1, step, gl.fma(c2, (m0 - m4) * _SCALE, m0 * -_SCALE)))
+        j = gl.fma(c2, 4.0, gl.fma(c1, 2.0, c0))
+    positive = gl.inline_asm_elementwise(_POSITIVE, "=r,r", [y], dtype=gl.float32, is_pure=True, pack=1)
+    biased = gl.fma(positive, gl.fma(j, 2.0, 1.0), (HALF - 1 + 12582912.0) - j)  # code + 1.5 * 2^23, exact
+    return biased.to(gl.int32, bitcast=True) & ((1 << BITS) - 1)
+
+
 @gluon.jit
 def _slots(codes, BITS: gl.constexpr):
     """(64, 128) codes in :data:`ACC` -> (64, 4 lanes t, slots): slot k of lane t packs the codes of rotated channels
@@ -123,10 +164,11 @@ def _store_codes(codes, code_words_ptr, row0, n_rows, stride_words, BITS: gl.con
 
 @gluon.jit
 def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_rows, stride_x, stride_words,
-                          BITS: gl.constexpr):
+                          BITS: gl.constexpr, NEAREST: gl.constexpr):
     """Persistent grid over tiles of 64 rows (module docstring). ``b_ptr``: (128, 128) fp16 B = Pi^T with columns in
     :func:`code_column_order`; ``mid_ptr``: the 2^(b-1) - 1 positive midpoints (float32, padded to 7 entries);
-    ``code_words_ptr``: the packed rows as int32 words (4 b per row)."""
+    ``code_words_ptr``: the packed rows as int32 words (4 b per row); ``NEAREST``: ``"tree"`` (:func:`_tree_codes`)
+    or ``"fma"`` (:func:`_fma_codes`)."""
     m0, m1, m2, m3 = gl.load(mid_ptr), gl.load(mid_ptr + 1), gl.load(mid_ptr + 2), gl.load(mid_ptr + 3)
     m4, m5, m6 = gl.load(mid_ptr + 4), gl.load(mid_ptr + 5), gl.load(mid_ptr + 6)
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, TILE))
@@ -150,7 +192,10 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
         inv = gl.where(norm > 0, 1.0 / gl.maximum(norm, 1e-30), 0.0)
         unit = gl.convert_layout((xf * inv[:, None]).to(gl.float16), OPERAND_A)
         y = warpgroup_mma(unit, b, gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
-        codes = _tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS)
+        if NEAREST == "fma":
+            codes = _fma_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS)
+        else:
+            codes = _tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS)
         _store_codes(codes, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
         x = x_next
 
@@ -169,11 +214,14 @@ def _positive_midpoints(midpoints: bytes, device: str) -> torch.Tensor:
 
 
 def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
-                       norms_dtype: torch.dtype = torch.float32, programs_per_sm: int = 3,
+                       norms_dtype: torch.dtype = torch.float32, nearest: str = "tree", programs_per_sm: int = 3,
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes and norms of ``x`` (..., 128) float16 as :func:`~turboquant.kernels.quantize.quantize_mse_triton`
     returns them (inputs checked there and by :func:`wgmma_quantize_unsupported`), computed by
-    :func:`quantize_wgmma_kernel`; ``boundaries`` the codebook's midpoints as float64."""
+    :func:`quantize_wgmma_kernel`; ``boundaries`` the codebook's midpoints as float64; ``nearest``: ``"tree"`` or
+    ``"fma"`` (the code step, :func:`quantize_wgmma_kernel`)."""
+    if nearest not in ("tree", "fma"):
+        raise ValueError(f"the warpgroup-MMA quantize kernel's nearest step is 'tree' or 'fma', got {nearest!r}")
     lead_shape = x.shape[:-1]
     rows = x.reshape(-1, HEAD_DIM)
     if rows.stride(-1) != 1:
@@ -187,7 +235,7 @@ def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundarie
         n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
         grid = (min(triton.cdiv(n_rows, BLOCK_M.value), programs_per_sm * n_sm),)
         quantize_wgmma_kernel[grid](rows, b, mids, codes.view(torch.int32), norms, n_rows, rows.stride(0),
-                                    row_bytes // 4, BITS=bits, num_warps=4)
+                                    row_bytes // 4, BITS=bits, NEAREST=nearest, num_warps=4)
     return codes.reshape(*lead_shape, row_bytes), norms.reshape(lead_shape)
 
 
