@@ -69,7 +69,7 @@ def _tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS: gl.constexpr):
     HALF: gl.constexpr = 1 << (BITS - 1)
     a = gl.abs(y)
     if BITS == 1:
-        j = (a < 0.0).to(gl.int32)
+        j = gl.zeros_like(y).to(gl.int32)
     elif BITS == 2:
         j = (a > m0).to(gl.int32)
     elif BITS == 3:
