@@ -92,6 +92,8 @@ def bench_quantize_prod(bench: Bench, sizes: Any, variants: dict[str, dict]) -> 
         x = torch.randn(n, dim, device=bench.device, dtype=torch.float16)
         for name, variant in (variants or {"default": {}}).items():
             kw = kernel_kwargs(variant)
+            if skip_off_gpu("quantize_prod", name, kw, bench.device):
+                continue
             try:
                 rows.append(_time_prod(bench, x, x_check, ref, args, s, bits, name, kw))
             except Exception as exc:  # a failed check, compile or launch: recorded, the run goes on

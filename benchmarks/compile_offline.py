@@ -110,19 +110,21 @@ def _session5_calls(ops: list[str]):
 
     def run(label):
         rot = tq.make_rotation("haar", dim, seed=0).matrix()
-        if "quantize" in ops:  # the warpgroup-MMA quantize kernel (Gluon), launched as quantize_mse_wgmma does
+        if "quantize" in ops:  # the warpgroup-MMA quantize kernels (Gluon), through their host launchers
             from turboquant.kernels import quantize_wgmma
 
             x = torch.randn(1000, dim, generator=gen).half()
             for nearest in ("tree", "fma"):
                 for bits in (4, 3, 2, 1):
                     label["now"] = f"quantize b={bits} wgmma {nearest}"
-                    codes = torch.empty(1000, 16 * bits, dtype=torch.uint8)
-                    mids = quantize_wgmma._positive_midpoints(
-                        tq.lloyd_max_codebook(dim, bits).boundaries.astype("float64").tobytes(), "cpu")
-                    quantize_wgmma.quantize_wgmma_kernel[(4,)](x, quantize_wgmma._code_operand(rot), mids,
-                                                             codes.view(torch.int32), torch.empty(1000), 1000, dim,
-                                                             4 * bits, BITS=bits, NEAREST=nearest, num_warps=4)
+                    quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, bits).boundaries, bits,
+                                                      nearest=nearest)
+            sketch = torch.randn(dim, dim, generator=gen)
+            for bits in (4, 3, 2):
+                label["now"] = f"quantize prod b={bits} wgmma"
+                codebook = tq.lloyd_max_codebook(dim, bits - 1)
+                quantize_wgmma.quantize_prod_wgmma(x, rot, codebook.boundaries, codebook.centroids_tensor(),
+                                                   bits - 1, sketch)
         if "mma" in ops:  # the register-operand kernel (Gluon): 4-bit K/V only
             cb = tq.lloyd_max_codebook(dim, 4).centroids_tensor()
             lead = (1, 8, 64)

@@ -102,6 +102,39 @@ def test_fma_codes_are_the_nearest_centroids(bits) -> None:
     assert np.array_equal(got[~tie], want[~tie]) and (np.abs(got - want) <= 1).all()
 
 
+@pytest.mark.parametrize("bits", [1, 2, 3])
+def test_fma_centroids_are_the_codebook(bits) -> None:
+    """``_fma_centroids``: the multilinear form in the tree's level outcomes, signed by y, is c[code] (emulated in
+    float32 on every midpoint's neighbourhood and random coordinates)."""
+    codebook = tq.lloyd_max_codebook(128, bits)
+    c = codebook.centroids.astype(np.float32)
+    g = c[2 ** (bits - 1):]
+    y = np.random.default_rng(bits).normal(0, 0.12, 5000).astype(np.float32)
+    code = np.searchsorted(codebook.boundaries.astype(np.float32), y, side="left")
+    j = np.where(y > 0, code - 2 ** (bits - 1), 2 ** (bits - 1) - 1 - code).astype(np.float32)
+    c1, c0 = np.floor(j / 2) % 2, j % 2  # the level outcomes of a 3-bit code (c1 is 0 below 3 bits)
+    if bits == 1:
+        magnitude = np.full_like(y, g[0])
+    elif bits == 2:
+        magnitude = g[0] + c0 * (g[1] - g[0])
+    else:
+        magnitude = c1 * (c0 * (g[3] - g[2] - g[1] + g[0]) + (g[2] - g[0])) + (c0 * (g[1] - g[0]) + g[0])
+    value = (y > 0) * 2 * magnitude - magnitude
+    np.testing.assert_allclose(value, c[code], rtol=0, atol=1e-6)
+
+
+def test_sketch_operand_gives_the_qjl_signs_in_code_order() -> None:
+    """The second product: with the residual e = Pi r in the first accumulator's column order, e @ B2 holds
+    S r in :func:`code_column_order` (so its signs pack like 1-bit codes)."""
+    gen = torch.Generator().manual_seed(0)
+    rotation = tq.make_rotation("haar", 128, seed=1).matrix().double()
+    sketch = torch.randn(128, 128, generator=gen, dtype=torch.float64)
+    r = torch.randn(5, 128, generator=gen, dtype=torch.float64)
+    order = qw.code_column_order()
+    accumulated = (r @ rotation.T)[:, order] @ qw._sketch_operand(rotation, sketch).double()
+    torch.testing.assert_close(accumulated, (r @ sketch.T)[:, order], rtol=2e-2, atol=2e-2)
+
+
 def test_each_lane_owns_32_contiguous_channels() -> None:
     order = qw.code_column_order().numpy()
     n = np.arange(128)
@@ -126,6 +159,12 @@ def test_refusals() -> None:
         quantize_mse_triton(x.float().to(device), torch.eye(128, device=device), cb.boundaries, 4, kernel="wgmma")
     with pytest.raises(ValueError, match="symmetric"):
         qw._positive_midpoints(np.array([-0.5, 0.1, 0.6]).tobytes(), "cpu")
+    from turboquant.kernels.quantize_prod import quantize_prod_triton
+
+    cb4 = tq.lloyd_max_codebook(128, 4)
+    with pytest.raises(ValueError, match="kernel='wgmma' cannot serve"):  # 4-bit MSE codes (and no Gluon on a CPU)
+        quantize_prod_triton(x.to(device), torch.eye(128, device=device), cb4.boundaries,
+                             cb4.centroids_tensor(device), 4, torch.eye(128, device=device), kernel="wgmma")
 
 
 def test_offline_compile_for_sm90() -> None:
@@ -140,9 +179,13 @@ def test_offline_compile_for_sm90() -> None:
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
             if "quantize_wgmma_kernel" in line]
     launches = [f"quantize b={b} wgmma {nearest}" for nearest in ("tree", "fma") for b in (4, 3, 2, 1)]
-    assert [row["launch"] for row in rows] == launches
-    for row in rows:
+    assert [row["launch"] for row in rows] == launches + [f"quantize prod b={b} wgmma" for b in (4, 3, 2)]
+    for row in rows[:8]:
         assert row["stack"] == "0" and int(row["HGMMA"]) > 0 and int(row["STS"]) <= 24, row
+    for row in rows[8:]:  # prod: a second product, its operand (the residual) converted in registers; at 255
+        # registers (Triton 3.6: no spills; 3.9 spills 24 bytes)
+        assert int(row["stack"]) <= 64 and int(row["HGMMA"]) == 2 * int(rows[0]["HGMMA"]), row
+        assert int(row["LDSM"]) == int(rows[0]["LDSM"]) and int(row["STS"]) <= 40, row
     for tree, fma in zip(rows[:3], rows[4:7]):  # 4-2 bits: the FMA code step has no selects left
         assert int(fma["SEL"]) < int(tree["SEL"]) / 10, (tree, fma)
 
@@ -178,3 +221,26 @@ def test_replays_in_a_cuda_graph() -> None:
     graph.replay()
     want = quantize_mse_triton(x, rotation, cb.boundaries, 4, kernel="wgmma")
     assert torch.equal(codes, want[0]) and torch.equal(norms, want[1])
+
+
+@pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_prod_matches_reference_on_gpu(bits) -> None:
+    from tests.kernels.test_kernel_quantize_prod import assert_close_off_ties
+    from turboquant.kernels.quantize_prod import quantize_prod_reference, quantize_prod_triton
+
+    quantizer = tq.TurboQuantProd(128, bits, rotation="haar", seed=4)
+    x = (2 * torch.randn(3000, 128, generator=torch.Generator().manual_seed(bits))).half()
+    mse = quantizer.mse
+    args = (mse.rotation.matrix().cuda(), mse.codebook.boundaries, mse.codebook.centroids_tensor("cuda"))
+    codes, signs, norms, residual_norms = quantize_prod_triton(x.cuda(), *args, bits - 1,
+                                                               quantizer.qjl.matrix.cuda(), kernel="wgmma")
+    ref = quantize_prod_reference(x, args[0].cpu(), args[1], args[2].cpu(), bits - 1, quantizer.qjl.matrix)
+    gap = (ref["y"][..., None] - torch.as_tensor(mse.codebook.boundaries)).abs().min(dim=-1).values
+    assert_close_off_ties(codes, ref["codes"], bits - 1, 128, gap)
+    same_rows = (codes.cpu() == ref["codes"]).all(dim=-1)
+    margin = ref["sketch"].abs() / ref["residual_norms"][:, None].clamp_min(1e-12)
+    assert_close_off_ties(signs[same_rows], ref["signs"][same_rows], 1, 128, margin[same_rows] / 128 ** 0.5)
+    torch.testing.assert_close(norms.cpu().double(), ref["norms"], rtol=1e-6, atol=0)
+    torch.testing.assert_close(residual_norms.cpu().double()[same_rows], ref["residual_norms"][same_rows],
+                               rtol=1e-2, atol=1e-4)

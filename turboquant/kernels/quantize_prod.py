@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..backends import gluon_unavailable, quantize_kernel
 from ..packing import packed_size
 from ._layout import (
     check_device,
@@ -110,6 +111,7 @@ def quantize_prod_triton(
     block_n: int = 32,
     num_warps: int = 4,
     nearest: str = "table",
+    kernel: str = "tiles",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """TurboQuant_prod codes of ``x`` (..., dim), dim <= 256, in one kernel.
 
@@ -120,6 +122,10 @@ def quantize_prod_triton(
         mse_bits: b - 1, in 0..4.
         qjl_matrix: S (dim, dim), the QJL stage's Gaussian matrix (``TurboQuantProd.qjl.matrix``).
         nearest: the MSE stage's nearest-centroid step, ``"table"`` or ``"tree"`` (``quantize.nearest_operands``).
+        kernel: ``"tiles"`` (this module's kernel) or ``"wgmma"``
+            (:func:`turboquant.kernels.quantize_wgmma.quantize_prod_wgmma`, Gluon, Hopper only: float16 rows of 128
+            channels, ``mse_bits`` 1-3, a symmetric codebook; the options above unused). Not chosen automatically
+            until an H200 run has timed it (``benchmarks/NOTES.md``, session 17).
 
     Returns:
         ``(codes, signs, norms, residual_norms)``: codes uint8 (..., ceil(dim * mse_bits / 8)) (empty
@@ -136,6 +142,21 @@ def quantize_prod_triton(
         if len(_as_numpy(boundaries)) != 2 ** mse_bits - 1 or centroids.numel() != 2 ** mse_bits:
             raise ValueError(f"a {mse_bits}-bit MSE stage needs {2 ** mse_bits - 1} boundaries and "
                              f"{2 ** mse_bits} centroids")
+    if kernel == "wgmma":
+        reason = None
+        if not 1 <= mse_bits <= 3:
+            reason = f"the warpgroup-MMA prod kernel writes 1-3-bit MSE codes, not {mse_bits}"
+        elif gluon_unavailable(x.device) is None:  # Gluon, imported only here: Triton before Gluon runs the tiles
+            from .quantize_wgmma import wgmma_quantize_unsupported
+
+            reason = wgmma_quantize_unsupported(x, mse_bits)
+        quantize_kernel(kernel, x.device, reason)  # raises, naming the reason (Gluon's first)
+        from .quantize_wgmma import quantize_prod_wgmma
+
+        return quantize_prod_wgmma(x, rotation_matrix, _as_numpy(boundaries), centroids, mse_bits, qjl_matrix,
+                                   norms_dtype)
+    if kernel != "tiles":
+        raise ValueError(f"kernel must be 'tiles' or 'wgmma', got {kernel!r}")
     lead_shape = x.shape[:-1]
     rows = x.reshape(-1, dim)
     if rows.stride(-1) != 1:

@@ -97,31 +97,61 @@ def _above(a, neg_scaled):
 
 
 @gluon.jit
-def _fma_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS: gl.constexpr):
-    """The codes of :func:`_tree_codes` in floating-point arithmetic, for the FMA pipe instead of the integer one
-    (the tree's compares and selects are what bound the kernel, ``benchmarks/NOTES.md`` session 17): each level's
-    compare of |y| is a saturating FMA (:data:`_ABOVE`), the next level's threshold an FMA of the outcomes so far,
-    j = sum 2^l c_l, code = h - 1 - j + [y > 0] (2j + 1), read from the bits of code + 1.5 * 2^23. The thresholds
-    enter as -t * 2^40 (exact: a power-of-two scaling); their FMA combinations round once, which can move a threshold
-    by an ulp (a tie)."""
-    HALF: gl.constexpr = 1 << (BITS - 1)
-    a = gl.abs(y)
+def _fma_levels(a, m0, m1, m2, m3, m4, m5, m6, BITS: gl.constexpr):
+    """The outcomes (c2, c1, c0), 1.0 or 0.0, of the midpoint tree's levels for |y| = ``a`` (j = 4 c2 + 2 c1 + c0;
+    the levels a width lacks are 0.0), in floating-point arithmetic for the FMA pipe instead of the integer one (the
+    tree's compares and selects are what bound the kernel, ``benchmarks/NOTES.md`` session 17): each compare is a
+    saturating FMA (:data:`_ABOVE`), the next level's threshold an FMA of the outcomes so far. The thresholds enter as
+    -t * 2^40 (exact: a power-of-two scaling); their FMA combinations round once, which can move a threshold by an
+    ulp (a tie)."""
+    zero = gl.zeros_like(a)
     if BITS == 1:
-        j = gl.zeros_like(y)
+        levels = (zero, zero, zero)
     elif BITS == 2:
-        j = _above(a, m0 * -_SCALE)
+        levels = (zero, zero, _above(a, m0 * -_SCALE))
     elif BITS == 3:
         c1 = _above(a, m1 * -_SCALE)
-        j = gl.fma(c1, 2.0, _above(a, gl.fma(c1, (m0 - m2) * _SCALE, m0 * -_SCALE)))
+        levels = (zero, c1, _above(a, gl.fma(c1, (m0 - m2) * _SCALE, m0 * -_SCALE)))
     else:
         c2 = _above(a, m3 * -_SCALE)
         c1 = _above(a, gl.fma(c2, (m1 - m5) * _SCALE, m1 * -_SCALE))
         step = gl.fma(c2, (m4 + m2 - m6 - m0) * _SCALE, (m0 - m2) * _SCALE)  # threshold change when c1 = 1
-        c0 = _above(a, gl.fma(c1, step, gl.fma(c2, (m0 - m4) * _SCALE, m0 * -_SCALE)))
-        j = gl.fma(c2, 4.0, gl.fma(c1, 2.0, c0))
-    positive = gl.inline_asm_elementwise(_POSITIVE, "=r,r", [y], dtype=gl.float32, is_pure=True, pack=1)
-    biased = gl.fma(positive, gl.fma(j, 2.0, 1.0), (HALF - 1 + 12582912.0) - j)  # code + 1.5 * 2^23, exact
+        levels = (c2, c1, _above(a, gl.fma(c1, step, gl.fma(c2, (m0 - m4) * _SCALE, m0 * -_SCALE))))
+    return levels
+
+
+@gluon.jit
+def _positive(y):
+    return gl.inline_asm_elementwise(_POSITIVE, "=r,r", [y], dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _fma_codes(y, levels, BITS: gl.constexpr):
+    """The codes of :func:`_tree_codes` from :func:`_fma_levels`: code = h - 1 - j + [y > 0] (2j + 1), read from the
+    bits of code + 1.5 * 2^23."""
+    HALF: gl.constexpr = 1 << (BITS - 1)
+    if BITS == 4:
+        j = gl.fma(levels[0], 4.0, gl.fma(levels[1], 2.0, levels[2]))
+    elif BITS == 3:
+        j = gl.fma(levels[1], 2.0, levels[2])
+    else:
+        j = levels[2]
+    biased = gl.fma(_positive(y), gl.fma(j, 2.0, 1.0), (HALF - 1 + 12582912.0) - j)  # code + 1.5 * 2^23, exact
     return biased.to(gl.int32, bitcast=True) & ((1 << BITS) - 1)
+
+
+@gluon.jit
+def _fma_centroids(y, levels, g0, g1, g2, g3, BITS: gl.constexpr):
+    """The centroid c[code] of each coordinate, from :func:`_fma_levels` and the symmetric codebook's positive half
+    g0 < g1 < ... (c[h + j] = g_j, c[h - 1 - j] = -g_j): g_j as the multilinear form in the level outcomes, then the
+    sign of y; 1-3 bits."""
+    if BITS == 1:
+        magnitude = gl.zeros_like(y) + g0
+    elif BITS == 2:
+        magnitude = gl.fma(levels[2], g1 - g0, gl.zeros_like(y) + g0)
+    else:
+        magnitude = gl.fma(levels[1], gl.fma(levels[2], g3 - g2 - g1 + g0, g2 - g0), gl.fma(levels[2], g1 - g0, g0))
+    return gl.fma(_positive(y), 2.0 * magnitude, -magnitude)
 
 
 @gluon.jit
@@ -163,19 +193,37 @@ def _store_codes(codes, code_words_ptr, row0, n_rows, stride_words, BITS: gl.con
 
 
 @gluon.jit
+def _shared_operand(b_ptr):
+    """A (128, 128) fp16 row-major matrix in shared memory as a ``wgmma`` B operand (loaded once per program)."""
+    cols = gl.arange(0, 128, layout=gl.SliceLayout(0, TILE))
+    k_rows = gl.arange(0, 128, layout=gl.SliceLayout(1, TILE))
+    tile = gl.load(b_ptr + k_rows[:, None] * 128 + cols[None, :])
+    return gl.allocate_shared_memory(gl.float16, [128, 128], SHARED_B, tile)
+
+
+@gluon.jit
 def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_rows, stride_x, stride_words,
-                          BITS: gl.constexpr, NEAREST: gl.constexpr):
+                          sketch_ptr, magnitude_ptr, sign_words_ptr, residual_norms_ptr, stride_sign_words,
+                          BITS: gl.constexpr, NEAREST: gl.constexpr, PROD: gl.constexpr):
     """Persistent grid over tiles of 64 rows (module docstring). ``b_ptr``: (128, 128) fp16 B = Pi^T with columns in
     :func:`code_column_order`; ``mid_ptr``: the 2^(b-1) - 1 positive midpoints (float32, padded to 7 entries);
     ``code_words_ptr``: the packed rows as int32 words (4 b per row); ``NEAREST``: ``"tree"`` (:func:`_tree_codes`)
-    or ``"fma"`` (:func:`_fma_codes`)."""
+    or ``"fma"`` (:func:`_fma_codes`). ``PROD`` (TurboQuant_prod, Algorithm 2; b = ``BITS`` + 1, the codes from
+    :func:`_fma_levels`): also the residual e = y - c[code] of the unit row in the rotated basis, its norm
+    (``residual_norms_ptr``; ||r|| = ||e||) and the QJL sign bits [S r >= 0] = [M e >= 0], M = S Pi^T, from a second
+    ``wgmma`` with e as the register operand and ``sketch_ptr`` = M^T, rows and columns in :func:`code_column_order`,
+    stored from its accumulator as 1-bit codes (``sign_words_ptr``, 4 words per row); ``magnitude_ptr``: the
+    codebook's positive centroids g0 < g1 < ... (float32, padded to 4 entries). The pointers of the unused stage are
+    never read."""
     m0, m1, m2, m3 = gl.load(mid_ptr), gl.load(mid_ptr + 1), gl.load(mid_ptr + 2), gl.load(mid_ptr + 3)
     m4, m5, m6 = gl.load(mid_ptr + 4), gl.load(mid_ptr + 5), gl.load(mid_ptr + 6)
-    cols = gl.arange(0, 128, layout=gl.SliceLayout(0, TILE))
-    k_rows = gl.arange(0, 128, layout=gl.SliceLayout(1, TILE))
-    b = gl.allocate_shared_memory(gl.float16, [128, 128], SHARED_B,
-                                  gl.load(b_ptr + k_rows[:, None] * 128 + cols[None, :]))
+    b = _shared_operand(b_ptr)
+    if PROD:
+        g0, g1 = gl.load(magnitude_ptr), gl.load(magnitude_ptr + 1)
+        g2, g3 = gl.load(magnitude_ptr + 2), gl.load(magnitude_ptr + 3)
+        sketch = _shared_operand(sketch_ptr)
     fence_async_shared()
+    cols = gl.arange(0, 128, layout=gl.SliceLayout(0, TILE))
     local = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, TILE))
     pid, n_programs = gl.program_id(0), gl.num_programs(0)
     rows = pid * BLOCK_M + local
@@ -192,8 +240,19 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
         inv = gl.where(norm > 0, 1.0 / gl.maximum(norm, 1e-30), 0.0)
         unit = gl.convert_layout((xf * inv[:, None]).to(gl.float16), OPERAND_A)
         y = warpgroup_mma(unit, b, gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
-        if NEAREST == "fma":
-            codes = _fma_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS)
+        if PROD:
+            levels = _fma_levels(gl.abs(y), m0, m1, m2, m3, m4, m5, m6, BITS)
+            codes = _fma_codes(y, levels, BITS)
+            residual = y - _fma_centroids(y, levels, g0, g1, g2, g3, BITS)
+            residual_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
+            gl.store(residual_norms_ptr + residual_rows,
+                     gl.sqrt(gl.sum(residual * residual, axis=1)).to(residual_norms_ptr.dtype.element_ty),
+                     mask=residual_rows < n_rows)
+            z = warpgroup_mma(gl.convert_layout(residual.to(gl.float16), OPERAND_A), sketch,
+                              gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
+            _store_codes((z >= 0).to(gl.int32), sign_words_ptr, tile * BLOCK_M, n_rows, stride_sign_words, 1)
+        elif NEAREST == "fma":
+            codes = _fma_codes(y, _fma_levels(gl.abs(y), m0, m1, m2, m3, m4, m5, m6, BITS), BITS)
         else:
             codes = _tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS)
         _store_codes(codes, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
@@ -222,24 +281,73 @@ def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundarie
     ``"fma"`` (the code step, :func:`quantize_wgmma_kernel`)."""
     if nearest not in ("tree", "fma"):
         raise ValueError(f"the warpgroup-MMA quantize kernel's nearest step is 'tree' or 'fma', got {nearest!r}")
-    lead_shape = x.shape[:-1]
-    rows = x.reshape(-1, HEAD_DIM)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    n_rows, row_bytes = rows.shape[0], packed_size(HEAD_DIM, bits)
-    codes = torch.empty((n_rows, row_bytes), dtype=torch.uint8, device=x.device)
+    rows, lead_shape = _rows(x)
+    codes = torch.empty((rows.shape[0], packed_size(HEAD_DIM, bits)), dtype=torch.uint8, device=x.device)
+    norms = torch.empty((rows.shape[0],), dtype=norms_dtype, device=x.device)
+    _launch(rows, rotation_matrix, boundaries, bits, codes, norms, None, nearest, programs_per_sm)
+    return codes.reshape(*lead_shape, codes.shape[-1]), norms.reshape(lead_shape)
+
+
+def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray,
+                        centroids: torch.Tensor, mse_bits: int, qjl_matrix: torch.Tensor,
+                        norms_dtype: torch.dtype = torch.float32, programs_per_sm: int = 2,
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """TurboQuant_prod (Algorithm 2) of ``x`` (..., 128) float16 as
+    :func:`~turboquant.kernels.quantize_prod.quantize_prod_triton` returns it (codes, signs, norms, residual norms;
+    inputs checked there and by :func:`wgmma_quantize_unsupported`), by :func:`quantize_wgmma_kernel` with ``PROD``:
+    ``mse_bits`` 1-3, a symmetric codebook."""
+    rows, lead_shape = _rows(x)
+    n_rows = rows.shape[0]
+    codes = torch.empty((n_rows, packed_size(HEAD_DIM, mse_bits)), dtype=torch.uint8, device=x.device)
+    signs = torch.empty((n_rows, packed_size(HEAD_DIM, 1)), dtype=torch.uint8, device=x.device)
     norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
-    if n_rows:
-        b = _code_operand(rotation_matrix)
-        mids = _positive_midpoints(np.asarray(boundaries, dtype=np.float64).tobytes(), str(x.device))
-        n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
-        grid = (min(triton.cdiv(n_rows, BLOCK_M.value), programs_per_sm * n_sm),)
-        quantize_wgmma_kernel[grid](rows, b, mids, codes.view(torch.int32), norms, n_rows, rows.stride(0),
-                                    row_bytes // 4, BITS=bits, NEAREST=nearest, num_warps=4)
-    return codes.reshape(*lead_shape, row_bytes), norms.reshape(lead_shape)
+    residual_norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
+    prod = (_sketch_operand(rotation_matrix, qjl_matrix), _positive_magnitudes(centroids), signs, residual_norms)
+    _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, "fma", programs_per_sm)
+    return (codes.reshape(*lead_shape, codes.shape[-1]), signs.reshape(*lead_shape, signs.shape[-1]),
+            norms.reshape(lead_shape), residual_norms.reshape(lead_shape))
+
+
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
+    rows = x.reshape(-1, HEAD_DIM)
+    return (rows if rows.stride(-1) == 1 else rows.contiguous()), x.shape[:-1]
+
+
+def _launch(rows: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
+            codes: torch.Tensor, norms: torch.Tensor, prod: tuple | None, nearest: str, programs_per_sm: int) -> None:
+    """One persistent launch of :func:`quantize_wgmma_kernel` over ``rows`` (``prod``: the sketch operand, the
+    positive centroids, the sign and residual-norm outputs)."""
+    n_rows = rows.shape[0]
+    if not n_rows:
+        return
+    mids = _positive_midpoints(np.asarray(boundaries, dtype=np.float64).tobytes(), str(rows.device))
+    sketch, magnitudes, signs, residual_norms = prod if prod is not None else (rows, mids, codes, norms)
+    n_sm = torch.cuda.get_device_properties(rows.device).multi_processor_count if rows.is_cuda else 4
+    grid = (min(triton.cdiv(n_rows, BLOCK_M.value), programs_per_sm * n_sm),)
+    quantize_wgmma_kernel[grid](rows, _code_operand(rotation_matrix), mids, codes.view(torch.int32), norms, n_rows,
+                                rows.stride(0), codes.shape[1] // 4, sketch, magnitudes, signs.view(torch.int32),
+                                residual_norms, signs.shape[1] // 4, BITS=bits, NEAREST=nearest,
+                                PROD=prod is not None, num_warps=4)
 
 
 def _code_operand(rotation_matrix: torch.Tensor) -> torch.Tensor:
     """B = Pi^T (128 x 128 fp16) with columns in :func:`code_column_order`."""
     order = code_column_order(rotation_matrix.device)
     return rotation_matrix.T[:, order].to(torch.float16).contiguous()
+
+
+def _sketch_operand(rotation_matrix: torch.Tensor, qjl_matrix: torch.Tensor) -> torch.Tensor:
+    """The second ``wgmma``'s B: (S Pi^T)^T (128 x 128 fp16), rows (the residual's rotated channels, as the first
+    product's accumulator holds them) and columns (the sign channels) in :func:`code_column_order`."""
+    order = code_column_order(rotation_matrix.device)
+    sketch = qjl_matrix.to(torch.float64) @ rotation_matrix.to(torch.float64).T
+    return sketch[order][:, order].T.to(torch.float16).contiguous()
+
+
+def _positive_magnitudes(centroids: torch.Tensor) -> torch.Tensor:
+    """The positive half g0 < g1 < ... of the symmetric codebook (2, 4 or 8 centroids) whose midpoints
+    :func:`_positive_midpoints` checked, float32 padded to 4 entries, made on its device (no host copy)."""
+    values = centroids.detach().to(torch.float32).flatten()
+    if values.numel() not in (2, 4, 8):
+        raise ValueError(f"the warpgroup-MMA prod kernel reads codebooks of 2, 4 or 8 centroids, got {values.numel()}")
+    return torch.nn.functional.pad(values[values.numel() // 2:], (0, 4 - values.numel() // 2))
