@@ -119,6 +119,10 @@ def _session5_calls(ops: list[str]):
                     label["now"] = f"quantize b={bits} wgmma {nearest}"
                     quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, bits).boundaries, bits,
                                                       nearest=nearest)
+            for nearest in ("tree", "fma"):  # four programs per SM: 128 registers, the next tile not prefetched
+                label["now"] = f"quantize b=4 wgmma {nearest} 4/SM no prefetch"
+                quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4,
+                                                  nearest=nearest, programs_per_sm=4, prefetch=False)
             sketch = torch.randn(dim, dim, generator=gen)
             for bits in (4, 3, 2):
                 label["now"] = f"quantize prod b={bits} wgmma"

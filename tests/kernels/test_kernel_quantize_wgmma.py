@@ -179,10 +179,12 @@ def test_offline_compile_for_sm90() -> None:
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
             if "quantize_wgmma_kernel" in line]
     launches = [f"quantize b={b} wgmma {nearest}" for nearest in ("tree", "fma") for b in (4, 3, 2, 1)]
+    launches += [f"quantize b=4 wgmma {nearest} 4/SM no prefetch" for nearest in ("tree", "fma")]
     assert [row["launch"] for row in rows] == launches + [f"quantize prod b={b} wgmma" for b in (4, 3, 2)]
-    for row in rows[:8]:
+    for row in rows[:10]:
         assert row["stack"] == "0" and int(row["HGMMA"]) > 0 and int(row["STS"]) <= 24, row
-    for row in rows[8:]:  # prod: a second product, its operand (the residual) converted in registers; at 255
+    assert all(int(row["regs"]) <= 128 for row in rows[8:10])  # four programs of 4 warps fit an SM's registers
+    for row in rows[10:]:  # prod: a second product, its operand (the residual) converted in registers; at 255
         # registers (Triton 3.6: no spills; 3.9 spills 24 bytes)
         assert int(row["stack"]) <= 64 and int(row["HGMMA"]) == 2 * int(rows[0]["HGMMA"]), row
         assert int(row["LDSM"]) == int(rows[0]["LDSM"]) and int(row["STS"]) <= 40, row
@@ -193,14 +195,16 @@ def test_offline_compile_for_sm90() -> None:
 @pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
 @pytest.mark.parametrize("bits", [1, 2, 3, 4])
 @pytest.mark.parametrize("n", [1, 70, 5000])
-@pytest.mark.parametrize("nearest", ["tree", "fma"])
-def test_matches_reference_on_gpu(bits, n, nearest) -> None:
+@pytest.mark.parametrize("nearest, programs_per_sm, num_stages", [("tree", None, None), ("fma", None, None),
+                                                                   ("tree", 4, 1)])
+def test_matches_reference_on_gpu(bits, n, nearest, programs_per_sm, num_stages) -> None:
     gen = torch.Generator().manual_seed(n + bits)
     cb = tq.lloyd_max_codebook(128, bits)
     rotation = tq.make_rotation("haar", 128, seed=3).matrix().cuda()
     x = (3 * torch.randn(n, 128, generator=gen)).half().cuda()
     x[n // 2] = 0 if n > 1 else x[0]  # a zero row among others
-    codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, bits, kernel="wgmma", nearest=nearest)
+    codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, bits, kernel="wgmma", nearest=nearest,
+                                       programs_per_sm=programs_per_sm, num_stages=num_stages)
     ref_codes, ref_norms, y = quantize_mse_reference(x, rotation, cb.boundaries, bits)
     keep = ref_norms > 0
     assert_codes_match(codes[keep], ref_codes[keep], y[keep], cb.boundaries, bits, 128)

@@ -279,8 +279,8 @@ def quantize_mse_triton(
     *,
     block_n: int = 64,
     num_warps: int = 4,
-    num_stages: int = 3,
-    programs_per_sm: int = 4,
+    num_stages: int | None = None,
+    programs_per_sm: int | None = None,
     lookup: bool = True,
     nearest: str = "table",
     kernel: str = "auto",
@@ -293,8 +293,10 @@ def quantize_mse_triton(
         boundaries: the codebook's 2^bits - 1 midpoints (``Codebook.boundaries``).
         bits: 1..4.
         norms_dtype: dtype of the stored norms (float32 as the library, float16 for a compact cache).
-        block_n, num_warps, num_stages, programs_per_sm: tuning (rows per tile, warps, software-pipeline
-            depth of the row loads, persistent programs per SM).
+        block_n, num_warps, num_stages, programs_per_sm: tuning of the tile kernel (rows per tile, warps,
+            software-pipeline depth of the row loads: default 3, persistent programs per SM: default 4); the wgmma
+            kernel takes the last two (``num_stages`` 1: no prefetch of the next tile's rows, default 2;
+            ``programs_per_sm`` default 3, its register budget set to fit).
         lookup: False skips the nearest-centroid step and returns wrong codes (benchmark attribution only).
         nearest: ``"table"`` (cell-table gather) or ``"tree"`` (midpoint binary search in registers, symmetric
             codebooks; module docstring); the wgmma kernel has no table and runs the tree for both, or ``"fma"``
@@ -329,7 +331,8 @@ def quantize_mse_triton(
         from .quantize_wgmma import quantize_mse_wgmma
 
         return quantize_mse_wgmma(x, rotation_matrix, _as_numpy(boundaries), bits, norms_dtype,
-                                  nearest="fma" if nearest == "fma" else "tree")
+                                  nearest="fma" if nearest == "fma" else "tree", programs_per_sm=programs_per_sm or 3,
+                                  prefetch=(num_stages or 2) > 1)
     lead_shape = x.shape[:-1]
     rows = x.reshape(-1, dim)
     if rows.stride(-1) != 1:
@@ -350,7 +353,7 @@ def quantize_mse_triton(
     n_tiles = triton.cdiv(n_rows, block_n)
     if x.device.type == "cuda":
         n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
-        grid = (min(n_tiles, n_sm * programs_per_sm),)
+        grid = (min(n_tiles, n_sm * (programs_per_sm or 4)),)
     else:
         grid = (n_tiles,)
     _quantize_mse_kernel[grid](
@@ -361,7 +364,7 @@ def quantize_mse_triton(
         BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_G=block_g, LUT_MASK=table.numel() - 1,
         SINGLE_K=dim <= block_k, RESIDENT=dim <= block_k and codes_per_group == 2 and groups <= block_g,
         NEAREST=nearest if lookup else "none",
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages or 3,
     )
     return codes.reshape(*lead_shape, row_bytes), norms.reshape(lead_shape)
 

@@ -202,9 +202,16 @@ def _shared_operand(b_ptr):
 
 
 @gluon.jit
+def _load_rows(x_ptr, rows, cols, n_rows, stride_x):
+    """(64, 128) rows of x in :data:`TILE` (zeros past ``n_rows``)."""
+    return gl.load(x_ptr + rows.to(gl.int64)[:, None] * stride_x + cols[None, :], mask=(rows < n_rows)[:, None],
+                   other=0.0)
+
+
+@gluon.jit
 def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_rows, stride_x, stride_words,
                           sketch_ptr, magnitude_ptr, sign_words_ptr, residual_norms_ptr, stride_sign_words,
-                          BITS: gl.constexpr, NEAREST: gl.constexpr, PROD: gl.constexpr):
+                          BITS: gl.constexpr, NEAREST: gl.constexpr, PROD: gl.constexpr, PREFETCH: gl.constexpr):
     """Persistent grid over tiles of 64 rows (module docstring). ``b_ptr``: (128, 128) fp16 B = Pi^T with columns in
     :func:`code_column_order`; ``mid_ptr``: the 2^(b-1) - 1 positive midpoints (float32, padded to 7 entries);
     ``code_words_ptr``: the packed rows as int32 words (4 b per row); ``NEAREST``: ``"tree"`` (:func:`_tree_codes`)
@@ -214,7 +221,8 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
     ``wgmma`` with e as the register operand and ``sketch_ptr`` = M^T, rows and columns in :func:`code_column_order`,
     stored from its accumulator as 1-bit codes (``sign_words_ptr``, 4 words per row); ``magnitude_ptr``: the
     codebook's positive centroids g0 < g1 < ... (float32, padded to 4 entries). The pointers of the unused stage are
-    never read."""
+    never read. ``PREFETCH``: load the next tile's rows into registers before computing this one (32 more registers
+    per thread) or not (more resident programs within the register file)."""
     m0, m1, m2, m3 = gl.load(mid_ptr), gl.load(mid_ptr + 1), gl.load(mid_ptr + 2), gl.load(mid_ptr + 3)
     m4, m5, m6 = gl.load(mid_ptr + 4), gl.load(mid_ptr + 5), gl.load(mid_ptr + 6)
     b = _shared_operand(b_ptr)
@@ -226,14 +234,14 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, TILE))
     local = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, TILE))
     pid, n_programs = gl.program_id(0), gl.num_programs(0)
-    rows = pid * BLOCK_M + local
-    x = gl.load(x_ptr + rows.to(gl.int64)[:, None] * stride_x + cols[None, :], mask=(rows < n_rows)[:, None],
-                other=0.0)
+    if PREFETCH:
+        x = _load_rows(x_ptr, pid * BLOCK_M + local, cols, n_rows, stride_x)
     for tile in range(pid, gl.cdiv(n_rows, BLOCK_M), n_programs):
         rows = tile * BLOCK_M + local
-        next_rows = rows + n_programs * BLOCK_M
-        x_next = gl.load(x_ptr + next_rows.to(gl.int64)[:, None] * stride_x + cols[None, :],
-                         mask=(next_rows < n_rows)[:, None], other=0.0)
+        if PREFETCH:  # the next tile's loads in flight while this one is computed
+            x_next = _load_rows(x_ptr, rows + n_programs * BLOCK_M, cols, n_rows, stride_x)
+        else:
+            x = _load_rows(x_ptr, rows, cols, n_rows, stride_x)
         xf = x.to(gl.float32)
         norm = gl.sqrt(gl.sum(xf * xf, axis=1))
         gl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=rows < n_rows)
@@ -256,7 +264,8 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
         else:
             codes = _tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS)
         _store_codes(codes, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
-        x = x_next
+        if PREFETCH:
+            x = x_next
 
 
 @functools.lru_cache(maxsize=64)
@@ -274,17 +283,18 @@ def _positive_midpoints(midpoints: bytes, device: str) -> torch.Tensor:
 
 def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
                        norms_dtype: torch.dtype = torch.float32, nearest: str = "tree", programs_per_sm: int = 3,
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       prefetch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes and norms of ``x`` (..., 128) float16 as :func:`~turboquant.kernels.quantize.quantize_mse_triton`
     returns them (inputs checked there and by :func:`wgmma_quantize_unsupported`), computed by
     :func:`quantize_wgmma_kernel`; ``boundaries`` the codebook's midpoints as float64; ``nearest``: ``"tree"`` or
-    ``"fma"`` (the code step, :func:`quantize_wgmma_kernel`)."""
+    ``"fma"`` (the code step, :func:`quantize_wgmma_kernel`); ``programs_per_sm``: resident programs per SM (the
+    register budget of each, ``maxnreg``, is set so that they fit); ``prefetch``: the kernel's ``PREFETCH``."""
     if nearest not in ("tree", "fma"):
         raise ValueError(f"the warpgroup-MMA quantize kernel's nearest step is 'tree' or 'fma', got {nearest!r}")
     rows, lead_shape = _rows(x)
     codes = torch.empty((rows.shape[0], packed_size(HEAD_DIM, bits)), dtype=torch.uint8, device=x.device)
     norms = torch.empty((rows.shape[0],), dtype=norms_dtype, device=x.device)
-    _launch(rows, rotation_matrix, boundaries, bits, codes, norms, None, nearest, programs_per_sm)
+    _launch(rows, rotation_matrix, boundaries, bits, codes, norms, None, nearest, programs_per_sm, prefetch)
     return codes.reshape(*lead_shape, codes.shape[-1]), norms.reshape(lead_shape)
 
 
@@ -303,7 +313,7 @@ def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundari
     norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
     residual_norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
     prod = (_sketch_operand(rotation_matrix, qjl_matrix), _positive_magnitudes(centroids), signs, residual_norms)
-    _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, "fma", programs_per_sm)
+    _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, "fma", programs_per_sm, True)
     return (codes.reshape(*lead_shape, codes.shape[-1]), signs.reshape(*lead_shape, signs.shape[-1]),
             norms.reshape(lead_shape), residual_norms.reshape(lead_shape))
 
@@ -314,9 +324,11 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
 
 
 def _launch(rows: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
-            codes: torch.Tensor, norms: torch.Tensor, prod: tuple | None, nearest: str, programs_per_sm: int) -> None:
+            codes: torch.Tensor, norms: torch.Tensor, prod: tuple | None, nearest: str, programs_per_sm: int,
+            prefetch: bool) -> None:
     """One persistent launch of :func:`quantize_wgmma_kernel` over ``rows`` (``prod``: the sketch operand, the
-    positive centroids, the sign and residual-norm outputs)."""
+    positive centroids, the sign and residual-norm outputs), ``programs_per_sm`` programs of one warpgroup resident
+    per SM within its 64K registers."""
     n_rows = rows.shape[0]
     if not n_rows:
         return
@@ -327,7 +339,8 @@ def _launch(rows: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.nd
     quantize_wgmma_kernel[grid](rows, _code_operand(rotation_matrix), mids, codes.view(torch.int32), norms, n_rows,
                                 rows.stride(0), codes.shape[1] // 4, sketch, magnitudes, signs.view(torch.int32),
                                 residual_norms, signs.shape[1] // 4, BITS=bits, NEAREST=nearest,
-                                PROD=prod is not None, num_warps=4)
+                                PROD=prod is not None, PREFETCH=prefetch, num_warps=4,
+                                maxnreg=min(255, 65536 // (128 * programs_per_sm) // 8 * 8))
 
 
 def _code_operand(rotation_matrix: torch.Tensor) -> torch.Tensor:
