@@ -270,6 +270,17 @@ def _check_inputs(x: torch.Tensor, rotation_matrix: torch.Tensor) -> int:
     return dim
 
 
+def wgmma_unsupported(x: torch.Tensor, bits: int) -> str | None:
+    """Why the warpgroup-MMA kernels (:mod:`turboquant.kernels.quantize_wgmma`) cannot quantize ``x`` at ``bits``
+    (with the device's Gluon checked first, so the Gluon module is imported only where it runs), or None."""
+    reason = gluon_unavailable(x.device)
+    if reason is None:
+        from .quantize_wgmma import wgmma_quantize_unsupported
+
+        reason = wgmma_quantize_unsupported(x, bits)
+    return reason
+
+
 def quantize_mse_triton(
     x: torch.Tensor,
     rotation_matrix: torch.Tensor,
@@ -303,7 +314,7 @@ def quantize_mse_triton(
             (its code step in saturating FMAs, :func:`~turboquant.kernels.quantize_wgmma._fma_codes`; wgmma only).
         kernel: ``"tiles"`` (this module's kernel; the options above tune it), ``"wgmma"``
             (:mod:`turboquant.kernels.quantize_wgmma`, Gluon, Hopper only: float16 rows of 128 channels, symmetric
-            codebooks, the midpoint tree; the tuning options above unused) or ``"auto"``: ``"wgmma"`` where it serves
+            codebooks; ``block_n`` and ``num_warps`` unused) or ``"auto"``: ``"wgmma"`` where it serves
             (``turboquant.backends.quantize_kernel``), else ``"tiles"``; ``"tiles"`` as well when ``nearest`` or
             ``lookup`` is not its default.
 
@@ -321,12 +332,7 @@ def quantize_mse_triton(
     if kernel == "auto" and (nearest == "tree" or not lookup):
         kernel = "tiles"  # the tile kernel's own options were asked for
     if kernel != "tiles":
-        reason = gluon_unavailable(x.device)
-        if reason is None:  # Gluon, imported only here: Triton releases before Gluon still run the tile kernel
-            from .quantize_wgmma import wgmma_quantize_unsupported
-
-            reason = wgmma_quantize_unsupported(x, bits)
-        kernel = quantize_kernel(kernel, x.device, reason).chosen
+        kernel = quantize_kernel(kernel, x.device, wgmma_unsupported(x, bits)).chosen
     if kernel == "wgmma":
         from .quantize_wgmma import quantize_mse_wgmma
 

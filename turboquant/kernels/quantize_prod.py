@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..backends import gluon_unavailable, quantize_kernel
+from ..backends import quantize_kernel
 from ..packing import packed_size
 from ._layout import (
     check_device,
@@ -37,6 +37,7 @@ from .quantize import (
     _codes,
     nearest_operands,
     stream_rotation,
+    wgmma_unsupported,
 )
 
 _MAX_DIM = 256
@@ -143,14 +144,8 @@ def quantize_prod_triton(
             raise ValueError(f"a {mse_bits}-bit MSE stage needs {2 ** mse_bits - 1} boundaries and "
                              f"{2 ** mse_bits} centroids")
     if kernel == "wgmma":
-        reason = None
-        if not 1 <= mse_bits <= 3:
-            reason = f"the warpgroup-MMA prod kernel writes 1-3-bit MSE codes, not {mse_bits}"
-        elif gluon_unavailable(x.device) is None:  # Gluon, imported only here: Triton before Gluon runs the tiles
-            from .quantize_wgmma import wgmma_quantize_unsupported
-
-            reason = wgmma_quantize_unsupported(x, mse_bits)
-        quantize_kernel(kernel, x.device, reason)  # raises, naming the reason (Gluon's first)
+        reason = None if 1 <= mse_bits <= 3 else f"the wgmma prod kernel writes 1-3-bit MSE codes, not {mse_bits}"
+        quantize_kernel(kernel, x.device, reason or wgmma_unsupported(x, mse_bits))  # raises, naming the reason
         from .quantize_wgmma import quantize_prod_wgmma
 
         return quantize_prod_wgmma(x, rotation_matrix, _as_numpy(boundaries), centroids, mse_bits, qjl_matrix,
