@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call of the kernel benchmarks (results/kernels/README.md), everything it returns under $OUT:
+#   bash scripts/h200_kernels.sh SET [PYTEST_SELECTION...]
+# SET: a configs/kernels_set/ name (e.g. session18). First the GPU kernel tests (default: the Gluon kernels' suites,
+# or the pytest arguments given), then `python3 run.py experiment=kernels +kernels_set=SET`, each under a budget
+# (TEST_SECONDS, RUN_SECONDS) so that a hang still returns what finished. Wheels (hydra-core, omegaconf, antlr4,
+# platformdirs; not in the device image) are installed from .whl/ (carry it). $OUT receives gpu.txt (GPU, driver,
+# commit), pytest.txt, log.txt, kernels.md, results.csv and the run record (two folders deep at most).
+# NCU=1 adds ncu of the quantize kernels (benchmarks/ncu_quantize_decode.py's sections) as ncu_quantize.txt.
+set -uo pipefail
+set_name=${1:?kernels set (configs/kernels_set/NAME.yaml)}
+shift
+[ -f "configs/kernels_set/$set_name.yaml" ] || { echo "no configs/kernels_set/$set_name.yaml" >&2; exit 2; }
+tests=("$@")
+[ ${#tests[@]} -gt 0 ] || tests=(tests/kernels/test_kernel_mma.py tests/kernels/test_kernel_quantize_wgmma.py)
+OUT=${OUT:?the device tool sets OUT}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "wheels missing: carry .whl/ (see this script's header)" >&2; exit 2; }
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; git rev-parse HEAD; } > "$OUT/gpu.txt" 2>&1
+timeout "${TEST_SECONDS:-150}" python3 -m pytest -q -k "not offline" "${tests[@]}" > "$OUT/pytest.txt" 2>&1
+echo "pytest: exit $?"; tail -3 "$OUT/pytest.txt"
+timeout "${RUN_SECONDS:-300}" python3 run.py experiment=kernels "+kernels_set=$set_name" paths.results_dir=/tmp/kr \
+  paths.figures_dir=/tmp/kr/figures > "$OUT/log.txt" 2>&1
+echo "run: exit $?"
+cp /tmp/kr/kernels/kernels.md /tmp/kr/kernels/results.csv "$OUT/" 2>/dev/null
+mkdir -p "$OUT/runs" && cp /tmp/kr/kernels/runs/*.json "$OUT/runs/" 2>/dev/null
+grep -E "^\| |FAILED" "$OUT/log.txt" | grep -v "^| op \|^|---" | cut -c1-200 | tail -40
+if [ -n "${NCU:-}" ]; then
+  cat > /tmp/ncu_quantize.py <<'EOF'
+import torch, turboquant as tq
+from turboquant.kernels.quantize import quantize_mse_triton
+x = torch.randn(16777216, 128, device="cuda").half()
+rotation = tq.make_rotation("haar", 128, seed=0).matrix().cuda()
+for bits in (4, 3, 2):
+    quantize_mse_triton(x, rotation, tq.lloyd_max_codebook(128, bits).boundaries, bits, norms_dtype=torch.float16)
+torch.cuda.synchronize()
+EOF
+  timeout "${NCU_SECONDS:-120}" ncu --clock-control none -k regex:quantize --section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis python3 /tmp/ncu_quantize.py > "$OUT/ncu_quantize.txt" 2>&1
+  echo "ncu: exit $?"
+fi
