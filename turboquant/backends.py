@@ -241,11 +241,7 @@ def decode_kernel(requested: str, device: torch.device | str | None, layout: str
     ``mma.sync``; the fastest measured, ``benchmarks/NOTES.md`` session 16) where it runs and reads the cache's
     layout, else ``"tiles"`` (every layout, the interpreter too). ``layout``: why the mma kernel cannot read this
     cache (``CacheFormat.mma_unsupported``), None if it can; ``device`` None: judged by the layout alone."""
-    if requested not in DECODE_KERNELS:
-        raise ValueError(f"kernel must be one of {DECODE_KERNELS}, got {requested!r}")
-    mma = (None if device is None else gluon_unavailable(device)) or layout
-    return _decide("decode kernel", None if requested == "auto" else requested, {"mma": mma, "tiles": None},
-                   f"kernel={requested!r}")
+    return _gluon_or_tiles("decode kernel", DECODE_KERNELS, requested, device, layout)
 
 
 def quantize_kernel(requested: str, device: torch.device | str | None, layout: str | None) -> Choice:
@@ -254,10 +250,17 @@ def quantize_kernel(requested: str, device: torch.device | str | None, layout: s
     reads the rows, else ``"tiles"`` (every shape and width, the interpreter too). ``layout``: why the wgmma kernel
     cannot read these rows (``quantize_wgmma.wgmma_quantize_unsupported``), None if it can; ``device`` None: judged
     by the rows alone."""
-    if requested not in QUANTIZE_KERNELS:
-        raise ValueError(f"kernel must be one of {QUANTIZE_KERNELS}, got {requested!r}")
-    wgmma = (None if device is None else gluon_unavailable(device)) or layout
-    return _decide("quantize kernel", None if requested == "auto" else requested, {"wgmma": wgmma, "tiles": None},
+    return _gluon_or_tiles("quantize kernel", QUANTIZE_KERNELS, requested, device, layout)
+
+
+def _gluon_or_tiles(decision: str, kernels: tuple[str, str, str], requested: str, device: torch.device | str | None,
+                    layout: str | None) -> Choice:
+    """A kernel choice of ``kernels`` = ("auto", Gluon kernel, "tiles"): the Gluon kernel unless Gluon cannot run on
+    ``device`` (not judged when None) or ``layout`` says why it cannot read the data."""
+    if requested not in kernels:
+        raise ValueError(f"kernel must be one of {kernels}, got {requested!r}")
+    gluon = (None if device is None else gluon_unavailable(device)) or layout
+    return _decide(decision, None if requested == "auto" else requested, {kernels[1]: gluon, "tiles": None},
                    f"kernel={requested!r}")
 
 

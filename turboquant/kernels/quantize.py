@@ -332,7 +332,7 @@ def quantize_mse_triton(
     if kernel == "auto" and (nearest == "tree" or not lookup):
         kernel = "tiles"  # the tile kernel's own options were asked for
     if kernel != "tiles":
-        kernel = quantize_kernel(kernel, x.device, wgmma_unsupported(x, bits)).chosen
+        kernel = quantize_kernel(kernel, None, wgmma_unsupported(x, bits)).chosen  # the device judged there
     if kernel == "wgmma":
         from .quantize_wgmma import quantize_mse_wgmma
 
