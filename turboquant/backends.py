@@ -245,9 +245,9 @@ def decode_kernel(requested: str, device: torch.device | str | None, layout: str
 
 
 def quantize_kernel(requested: str, device: torch.device | str | None, layout: str | None) -> Choice:
-    """The kernel of ``quantize_mse_triton``: ``"wgmma"`` (Gluon, Hopper: the rotation as the shared-memory operand
-    of the warpgroup MMA, codes packed from the accumulator; ``benchmarks/NOTES.md`` session 17) where it runs and
-    reads the rows, else ``"tiles"`` (every shape and width, the interpreter too). ``layout``: why the wgmma kernel
+    """The kernel of ``quantize_mse_triton`` and ``quantize_prod_triton``: ``"wgmma"`` (Gluon, Hopper: the rotation as
+    the shared-memory operand of the warpgroup MMA, codes packed from the accumulator; ``benchmarks/NOTES.md``
+    sessions 17-18) where it runs and reads the rows, else ``"tiles"`` (every shape and width, the interpreter too). ``layout``: why the wgmma kernel
     cannot read these rows (``quantize_wgmma.wgmma_quantize_unsupported``), None if it can; ``device`` None: judged
     by the rows alone."""
     return _gluon_or_tiles("quantize kernel", QUANTIZE_KERNELS, requested, device, layout)

@@ -167,6 +167,24 @@ def test_refusals() -> None:
                              cb4.centroids_tensor(device), 4, torch.eye(128, device=device), kernel="wgmma")
 
 
+
+def test_option_choices() -> None:
+    """Each kernel's own options pick it under ``kernel="auto"``; an option the chosen kernel lacks is refused."""
+    assert [qw.default_code_step(b) for b in (1, 2, 3, 4)] == ["tree", "tree", "tree", "fma"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(8, 128, device=device).half()
+    cb = tq.lloyd_max_codebook(128, 4)
+    eye = torch.eye(128, device=device)
+    for bad in ({"nearest": "table"}, {"lookup": False}):  # the wgmma kernel has neither
+        with pytest.raises(ValueError, match="no cell table"):
+            quantize_mse_triton(x, eye, cb.boundaries, 4, kernel="wgmma", **bad)
+    with pytest.raises(ValueError, match="'fma' is the wgmma kernel's"):
+        quantize_mse_triton(x, eye, cb.boundaries, 4, kernel="tiles", nearest="fma")
+    if qw.wgmma_quantize_unsupported(x, 4) is not None:  # off Hopper, "fma" asks for wgmma and says why it cannot
+        with pytest.raises(ValueError, match="kernel='wgmma' cannot serve"):
+            quantize_mse_triton(x, eye, cb.boundaries, 4, nearest="fma")
+
+
 def test_offline_compile_for_sm90() -> None:
     """Every width compiles for sm_90 with four HGMMA per tile and no spills; the codes leave the accumulator
     without shared memory (the only shared stores: the rotation once, the unit rows' operand conversion)."""
@@ -248,3 +266,22 @@ def test_prod_matches_reference_on_gpu(bits) -> None:
     torch.testing.assert_close(norms.cpu().double(), ref["norms"], rtol=1e-6, atol=0)
     torch.testing.assert_close(residual_norms.cpu().double()[same_rows], ref["residual_norms"][same_rows],
                                rtol=1e-2, atol=1e-4)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
+def test_auto_takes_wgmma_for_fp16_rows() -> None:
+    """``kernel="auto"`` on fp16 rows of 128 is the wgmma kernel with its default code step, MSE and prod alike."""
+    from turboquant.kernels.quantize_prod import quantize_prod_triton
+
+    x = torch.randn(500, 128, device="cuda").half()
+    rotation = tq.make_rotation("haar", 128, seed=2).matrix().cuda()
+    for bits in (3, 4):
+        cb = tq.lloyd_max_codebook(128, bits)
+        auto = quantize_mse_triton(x, rotation, cb.boundaries, bits)
+        chosen = quantize_mse_triton(x, rotation, cb.boundaries, bits, kernel="wgmma",
+                                     nearest=qw.default_code_step(bits))
+        assert all(torch.equal(a, c) for a, c in zip(auto, chosen))
+    cb = tq.lloyd_max_codebook(128, 2)
+    args = (x, rotation, cb.boundaries, cb.centroids_tensor("cuda"), 2, torch.randn(128, 128, device="cuda"))
+    auto, chosen = quantize_prod_triton(*args), quantize_prod_triton(*args, kernel="wgmma")
+    assert all(torch.equal(a, c) for a, c in zip(auto, chosen))

@@ -293,7 +293,7 @@ def quantize_mse_triton(
     num_stages: int | None = None,
     programs_per_sm: int | None = None,
     lookup: bool = True,
-    nearest: str = "table",
+    nearest: str | None = None,
     kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TurboQuant_mse codes and norms of ``x`` (..., dim) in one kernel.
@@ -309,14 +309,17 @@ def quantize_mse_triton(
             kernel takes the last two (``num_stages`` 1: no prefetch of the next tile's rows, default 2;
             ``programs_per_sm`` default 3, its register budget set to fit).
         lookup: False skips the nearest-centroid step and returns wrong codes (benchmark attribution only).
-        nearest: ``"table"`` (cell-table gather) or ``"tree"`` (midpoint binary search in registers, symmetric
-            codebooks; module docstring); the wgmma kernel has no table and runs the tree for both, or ``"fma"``
-            (its code step in saturating FMAs, :func:`~turboquant.kernels.quantize_wgmma._fma_codes`; wgmma only).
+        nearest: the nearest-centroid step. The tile kernel's: ``"table"`` (cell-table gather, its default) or
+            ``"tree"`` (midpoint binary search in registers, symmetric codebooks; module docstring). The wgmma
+            kernel's: ``"tree"`` or ``"fma"`` (the tree's levels as saturating FMAs,
+            :func:`~turboquant.kernels.quantize_wgmma._fma_codes`); its default by width,
+            :func:`~turboquant.kernels.quantize_wgmma.default_code_step`. None: the chosen kernel's default.
         kernel: ``"tiles"`` (this module's kernel; the options above tune it), ``"wgmma"``
             (:mod:`turboquant.kernels.quantize_wgmma`, Gluon, Hopper only: float16 rows of 128 channels, symmetric
             codebooks; ``block_n`` and ``num_warps`` unused) or ``"auto"``: ``"wgmma"`` where it serves
-            (``turboquant.backends.quantize_kernel``), else ``"tiles"``; ``"tiles"`` as well when ``nearest`` or
-            ``lookup`` is not its default.
+            (``turboquant.backends.quantize_kernel``), else ``"tiles"``; ``"tiles"`` as well when ``nearest`` is
+            ``"table"`` or ``"tree"`` or ``lookup`` is False (the tile kernel's own options), ``"wgmma"`` when it is
+            ``"fma"``.
 
     Returns:
         ``(codes, norms)``: uint8 (..., ceil(dim * bits / 8)) in the library's packed layout, and
@@ -327,18 +330,23 @@ def quantize_mse_triton(
     bytes_per_group, codes_per_group = group_geometry(bits)
     if len(_as_numpy(boundaries)) != 2 ** bits - 1:
         raise ValueError(f"{bits}-bit codebook needs {2 ** bits - 1} boundaries")
-    if nearest not in ("table", "tree", "fma"):
-        raise ValueError(f"nearest must be 'table', 'tree' or 'fma', got {nearest!r}")
-    if kernel == "auto" and (nearest == "tree" or not lookup):
+    if nearest not in (None, "table", "tree", "fma"):
+        raise ValueError(f"nearest must be None, 'table', 'tree' or 'fma', got {nearest!r}")
+    if kernel == "auto" and (nearest in ("table", "tree") or not lookup):
         kernel = "tiles"  # the tile kernel's own options were asked for
+    if kernel == "auto" and nearest == "fma":
+        kernel = "wgmma"  # wgmma's own option: fails loudly, naming why, where wgmma cannot run
+    if kernel == "wgmma" and (nearest == "table" or not lookup):
+        raise ValueError("the wgmma quantize kernel has no cell table and always looks up: nearest must be "
+                         f"None, 'tree' or 'fma' and lookup True, got nearest={nearest!r}, lookup={lookup}")
     if kernel != "tiles":
         kernel = quantize_kernel(kernel, None, wgmma_unsupported(x, bits)).chosen  # the device judged there
     if kernel == "wgmma":
         from .quantize_wgmma import quantize_mse_wgmma
 
-        return quantize_mse_wgmma(x, rotation_matrix, _as_numpy(boundaries), bits, norms_dtype,
-                                  nearest="fma" if nearest == "fma" else "tree", programs_per_sm=programs_per_sm or 3,
-                                  prefetch=(num_stages or 2) > 1)
+        return quantize_mse_wgmma(x, rotation_matrix, _as_numpy(boundaries), bits, norms_dtype, nearest=nearest,
+                                  programs_per_sm=programs_per_sm or 3, prefetch=(num_stages or 2) > 1)
+    nearest = nearest or "table"
     lead_shape = x.shape[:-1]
     rows = x.reshape(-1, dim)
     if rows.stride(-1) != 1:

@@ -111,8 +111,8 @@ def quantize_prod_triton(
     *,
     block_n: int = 32,
     num_warps: int = 4,
-    nearest: str = "table",
-    kernel: str = "tiles",
+    nearest: str | None = None,
+    kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """TurboQuant_prod codes of ``x`` (..., dim), dim <= 256, in one kernel.
 
@@ -122,11 +122,13 @@ def quantize_prod_triton(
             codebook's midpoints and centroids); all None when ``mse_bits == 0`` (b = 1: QJL alone).
         mse_bits: b - 1, in 0..4.
         qjl_matrix: S (dim, dim), the QJL stage's Gaussian matrix (``TurboQuantProd.qjl.matrix``).
-        nearest: the MSE stage's nearest-centroid step, ``"table"`` or ``"tree"`` (``quantize.nearest_operands``).
-        kernel: ``"tiles"`` (this module's kernel) or ``"wgmma"``
+        nearest: the tile kernel's nearest-centroid step, ``"table"`` (None: the default) or ``"tree"``
+            (``quantize.nearest_operands``).
+        kernel: ``"tiles"`` (this module's kernel), ``"wgmma"``
             (:func:`turboquant.kernels.quantize_wgmma.quantize_prod_wgmma`, Gluon, Hopper only: float16 rows of 128
-            channels, ``mse_bits`` 1-3, a symmetric codebook; the options above unused). Not chosen automatically
-            until an H200 run has timed it (``benchmarks/NOTES.md``, session 17).
+            channels, ``mse_bits`` 1-3, a symmetric codebook; the options above unused) or ``"auto"``: ``"wgmma"``
+            where it serves (``turboquant.backends.quantize_kernel``), else ``"tiles"``; ``"tiles"`` as well when
+            ``nearest`` is given (the tile kernel's option).
 
     Returns:
         ``(codes, signs, norms, residual_norms)``: codes uint8 (..., ceil(dim * mse_bits / 8)) (empty
@@ -143,15 +145,17 @@ def quantize_prod_triton(
         if len(_as_numpy(boundaries)) != 2 ** mse_bits - 1 or centroids.numel() != 2 ** mse_bits:
             raise ValueError(f"a {mse_bits}-bit MSE stage needs {2 ** mse_bits - 1} boundaries and "
                              f"{2 ** mse_bits} centroids")
-    if kernel == "wgmma":
+    if kernel == "auto" and nearest is not None:
+        kernel = "tiles"  # the tile kernel's own option was asked for
+    if kernel != "tiles":
         reason = None if 1 <= mse_bits <= 3 else f"the wgmma prod kernel writes 1-3-bit MSE codes, not {mse_bits}"
-        quantize_kernel(kernel, x.device, reason or wgmma_unsupported(x, mse_bits))  # raises, naming the reason
+        kernel = quantize_kernel(kernel, None, reason or wgmma_unsupported(x, mse_bits)).chosen  # raises if asked
+    if kernel == "wgmma":
         from .quantize_wgmma import quantize_prod_wgmma
 
         return quantize_prod_wgmma(x, rotation_matrix, _as_numpy(boundaries), centroids, mse_bits, qjl_matrix,
                                    norms_dtype)
-    if kernel != "tiles":
-        raise ValueError(f"kernel must be 'tiles' or 'wgmma', got {kernel!r}")
+    nearest = nearest or "table"
     lead_shape = x.shape[:-1]
     rows = x.reshape(-1, dim)
     if rows.stride(-1) != 1:

@@ -281,14 +281,23 @@ def _positive_midpoints(midpoints: bytes, device: str) -> torch.Tensor:
     return torch.tensor(padded, device=device)
 
 
+def default_code_step(bits: int) -> str:
+    """The code step of :func:`quantize_mse_wgmma` unless one is asked for: the saturating-FMA chain
+    (:func:`_fma_codes`) at 4 bits, where the midpoint tree's selects bind the ALU pipe, the tree at 1-3 bits, where
+    it has at most three levels (the H200 timings behind this: ``benchmarks/NOTES.md``, session 18)."""
+    return "fma" if bits == 4 else "tree"
+
+
 def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
-                       norms_dtype: torch.dtype = torch.float32, nearest: str = "tree", programs_per_sm: int = 3,
+                       norms_dtype: torch.dtype = torch.float32, nearest: str | None = None, programs_per_sm: int = 3,
                        prefetch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes and norms of ``x`` (..., 128) float16 as :func:`~turboquant.kernels.quantize.quantize_mse_triton`
     returns them (inputs checked there and by :func:`wgmma_quantize_unsupported`), computed by
     :func:`quantize_wgmma_kernel`; ``boundaries`` the codebook's midpoints as float64; ``nearest``: ``"tree"`` or
-    ``"fma"`` (the code step, :func:`quantize_wgmma_kernel`); ``programs_per_sm``: resident programs per SM (the
-    register budget of each, ``maxnreg``, is set so that they fit); ``prefetch``: the kernel's ``PREFETCH``."""
+    ``"fma"`` (the code step, :func:`quantize_wgmma_kernel`), None for :func:`default_code_step`; ``programs_per_sm``:
+    resident programs per SM (the register budget of each, ``maxnreg``, is set so that they fit); ``prefetch``: the
+    kernel's ``PREFETCH``."""
+    nearest = default_code_step(bits) if nearest is None else nearest
     if nearest not in ("tree", "fma"):
         raise ValueError(f"the warpgroup-MMA quantize kernel's nearest step is 'tree' or 'fma', got {nearest!r}")
     rows, lead_shape = _rows(x)
