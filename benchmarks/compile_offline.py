@@ -129,6 +129,8 @@ def _session5_calls(ops: list[str]):
                 codebook = tq.lloyd_max_codebook(dim, bits - 1)
                 quantize_wgmma.quantize_prod_wgmma(x, rot, codebook.boundaries, codebook.centroids_tensor(),
                                                    bits - 1, sketch)
+            label["now"] = "quantize b=4 wgmma bf16 rows"  # the default code step (fma at 4 bits)
+            quantize_wgmma.quantize_mse_wgmma(x.bfloat16(), rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4)
         if "mma" in ops:  # the register-operand kernel (Gluon): 4-bit K/V only
             cb = tq.lloyd_max_codebook(dim, 4).centroids_tensor()
             lead = (1, 8, 64)

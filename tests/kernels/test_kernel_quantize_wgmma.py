@@ -168,6 +168,20 @@ def test_refusals() -> None:
 
 
 
+@pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_bf16_rows_match_reference_on_gpu(bits) -> None:
+    gen = torch.Generator().manual_seed(bits)
+    cb = tq.lloyd_max_codebook(128, bits)
+    rotation = tq.make_rotation("haar", 128, seed=5).matrix().cuda()
+    x = (3 * torch.randn(5000, 128, generator=gen)).bfloat16().cuda()
+    codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, bits)
+    assert qw.wgmma_quantize_unsupported(x, bits) is None  # so "auto" ran the wgmma kernel
+    ref_codes, ref_norms, y = quantize_mse_reference(x, rotation, cb.boundaries, bits)
+    assert_codes_match(codes, ref_codes, y, cb.boundaries, bits, 128)
+    torch.testing.assert_close(norms.double(), ref_norms, rtol=1e-6, atol=0)
+
+
 def test_option_choices() -> None:
     """Each kernel's own options pick it under ``kernel="auto"``; an option the chosen kernel lacks is refused."""
     assert [qw.default_code_step(b) for b in (1, 2, 3, 4)] == ["tree", "tree", "tree", "fma"]
@@ -198,16 +212,19 @@ def test_offline_compile_for_sm90() -> None:
             if "quantize_wgmma_kernel" in line]
     launches = [f"quantize b={b} wgmma {nearest}" for nearest in ("tree", "fma") for b in (4, 3, 2, 1)]
     launches += [f"quantize b=4 wgmma {nearest} 4/SM no prefetch" for nearest in ("tree", "fma")]
-    assert [row["launch"] for row in rows] == launches + [f"quantize prod b={b} wgmma" for b in (4, 3, 2)]
+    launches += [f"quantize prod b={b} wgmma" for b in (4, 3, 2)]
+    assert [row["launch"] for row in rows] == launches + ["quantize b=4 wgmma bf16 rows"]
     for row in rows[:10]:
         assert row["stack"] == "0" and int(row["HGMMA"]) > 0 and int(row["STS"]) <= 24, row
     assert all(int(row["regs"]) <= 128 for row in rows[8:10])  # four programs of 4 warps fit an SM's registers
-    for row in rows[10:]:  # prod: a second product, its operand (the residual) converted in registers; at 255
+    for row in rows[10:13]:  # prod: a second product, its operand (the residual) converted in registers; at 255
         # registers (Triton 3.6: no spills; 3.9 spills 24 bytes)
         assert int(row["stack"]) <= 64 and int(row["HGMMA"]) == 2 * int(rows[0]["HGMMA"]), row
         assert int(row["LDSM"]) == int(rows[0]["LDSM"]) and int(row["STS"]) <= 40, row
     for tree, fma in zip(rows[:3], rows[4:7]):  # 4-2 bits: the FMA code step has no selects left
         assert int(fma["SEL"]) < int(tree["SEL"]) / 10, (tree, fma)
+    bf16 = rows[13]  # bf16 rows: the fp16 kernel's loads and product, one conversion per element more
+    assert bf16["stack"] == "0" and bf16["HGMMA"] == rows[4]["HGMMA"] and bf16["STS"] == rows[4]["STS"], bf16
 
 
 @pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")

@@ -17,7 +17,7 @@ Each entry point's ``kernel`` keyword chooses between the portable Triton kernel
 interpreter too) and a GPU-only Gluon kernel for the layouts it reads, whose inner loop keeps the data in
 registers: ``_mma`` + ``decode_attention.mma`` / ``scores_mma`` (decoded codes as ``mma.sync`` register operands,
 head_dim 128, 3- and 4-bit codes) and ``quantize_wgmma`` (Hopper's warpgroup MMA with the rotation in shared memory,
-codes packed from the accumulator; fp16 rows of 128). ``"auto"`` takes the Gluon kernel where
+codes packed from the accumulator; fp16 or bf16 rows of 128). ``"auto"`` takes the Gluon kernel where
 ``turboquant.backends`` finds it serves.
 
 Every kernel reads and writes the library's packed layout (``turboquant.pack_codes``), so the

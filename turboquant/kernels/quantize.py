@@ -315,8 +315,8 @@ def quantize_mse_triton(
             :func:`~turboquant.kernels.quantize_wgmma._fma_codes`); its default by width,
             :func:`~turboquant.kernels.quantize_wgmma.default_code_step`. None: the chosen kernel's default.
         kernel: ``"tiles"`` (this module's kernel; the options above tune it), ``"wgmma"``
-            (:mod:`turboquant.kernels.quantize_wgmma`, Gluon, Hopper only: float16 rows of 128 channels, symmetric
-            codebooks; ``block_n`` and ``num_warps`` unused) or ``"auto"``: ``"wgmma"`` where it serves
+            (:mod:`turboquant.kernels.quantize_wgmma`, Gluon, Hopper only: float16 or bfloat16 rows of 128 channels,
+            symmetric codebooks; ``block_n`` and ``num_warps`` unused) or ``"auto"``: ``"wgmma"`` where it serves
             (``turboquant.backends.quantize_kernel``), else ``"tiles"``; ``"tiles"`` as well when ``nearest`` is
             ``"table"`` or ``"tree"`` or ``lookup`` is False (the tile kernel's own options), ``"wgmma"`` when it is
             ``"fma"``.

@@ -125,10 +125,10 @@ def quantize_prod_triton(
         nearest: the tile kernel's nearest-centroid step, ``"table"`` (None: the default) or ``"tree"``
             (``quantize.nearest_operands``).
         kernel: ``"tiles"`` (this module's kernel), ``"wgmma"``
-            (:func:`turboquant.kernels.quantize_wgmma.quantize_prod_wgmma`, Gluon, Hopper only: float16 rows of 128
-            channels, ``mse_bits`` 1-3, a symmetric codebook; the options above unused) or ``"auto"``: ``"wgmma"``
-            where it serves (``turboquant.backends.quantize_kernel``), else ``"tiles"``; ``"tiles"`` as well when
-            ``nearest`` is given (the tile kernel's option).
+            (:func:`turboquant.kernels.quantize_wgmma.quantize_prod_wgmma`, Gluon, Hopper only: float16 or bfloat16
+            rows of 128 channels, ``mse_bits`` 1-3, a symmetric codebook; the options above unused) or ``"auto"``:
+            ``"wgmma"`` where it serves (``turboquant.backends.quantize_kernel``), else ``"tiles"``; ``"tiles"`` as
+            well when ``nearest`` is given (the tile kernel's option).
 
     Returns:
         ``(codes, signs, norms, residual_norms)``: codes uint8 (..., ceil(dim * mse_bits / 8)) (empty

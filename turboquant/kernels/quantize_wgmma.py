@@ -1,5 +1,5 @@
-"""TurboQuant_mse quantization (Algorithm 1, lines 5-7) on Hopper's warpgroup MMA (Gluon, sm_90): fp16 rows of 128
-channels -> packed codes + norms, one pass.
+"""TurboQuant_mse quantization (Algorithm 1, lines 5-7) on Hopper's warpgroup MMA (Gluon, sm_90): fp16 or bf16 rows
+of 128 channels -> packed codes + norms, one pass.
 
 A persistent program is one warpgroup (4 warps) and owns tiles of 64 rows. Per tile:
 
@@ -37,7 +37,7 @@ BLOCK_M = gl.constexpr(64)  # rows per tile: one m64 wgmma per warpgroup
 
 ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16]))
 OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=ACC.value, k_width=2))
-TILE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # 64 x 128 fp16 loads: 16 bytes per lane
+TILE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # 64 x 128 16-bit loads: 16 bytes per lane
 SHARED_B = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 
 
@@ -51,8 +51,8 @@ def code_column_order(device: torch.device | str = "cpu") -> torch.Tensor:
 
 def wgmma_quantize_unsupported(x: torch.Tensor, bits: int) -> str | None:
     """Why :func:`quantize_mse_wgmma` cannot quantize ``x`` at ``bits``, or None."""
-    if x.dtype != torch.float16:
-        return f"the warpgroup-MMA quantize kernel reads float16 rows, got {x.dtype}"
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        return f"the warpgroup-MMA quantize kernel reads float16 or bfloat16 rows, got {x.dtype}"
     if x.shape[-1] != HEAD_DIM:
         return f"the warpgroup-MMA quantize kernel reads rows of {HEAD_DIM} channels, not {x.shape[-1]}"
     if bits not in (1, 2, 3, 4):
@@ -291,12 +291,12 @@ def default_code_step(bits: int) -> str:
 def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
                        norms_dtype: torch.dtype = torch.float32, nearest: str | None = None, programs_per_sm: int = 3,
                        prefetch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes and norms of ``x`` (..., 128) float16 as :func:`~turboquant.kernels.quantize.quantize_mse_triton`
-    returns them (inputs checked there and by :func:`wgmma_quantize_unsupported`), computed by
-    :func:`quantize_wgmma_kernel`; ``boundaries`` the codebook's midpoints as float64; ``nearest``: ``"tree"`` or
-    ``"fma"`` (the code step, :func:`quantize_wgmma_kernel`), None for :func:`default_code_step`; ``programs_per_sm``:
-    resident programs per SM (the register budget of each, ``maxnreg``, is set so that they fit); ``prefetch``: the
-    kernel's ``PREFETCH``."""
+    """Codes and norms of ``x`` (..., 128) float16 or bfloat16 as
+    :func:`~turboquant.kernels.quantize.quantize_mse_triton` returns them (inputs checked there and by
+    :func:`wgmma_quantize_unsupported`), computed by :func:`quantize_wgmma_kernel`; ``boundaries`` the codebook's
+    midpoints as float64; ``nearest``: ``"tree"`` or ``"fma"`` (the code step, :func:`quantize_wgmma_kernel`), None
+    for :func:`default_code_step`; ``programs_per_sm``: resident programs per SM (the register budget of each,
+    ``maxnreg``, is set so that they fit); ``prefetch``: the kernel's ``PREFETCH``."""
     nearest = default_code_step(bits) if nearest is None else nearest
     if nearest not in ("tree", "fma"):
         raise ValueError(f"the warpgroup-MMA quantize kernel's nearest step is 'tree' or 'fma', got {nearest!r}")
@@ -311,7 +311,7 @@ def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundari
                         centroids: torch.Tensor, mse_bits: int, qjl_matrix: torch.Tensor,
                         norms_dtype: torch.dtype = torch.float32, programs_per_sm: int = 2,
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """TurboQuant_prod (Algorithm 2) of ``x`` (..., 128) float16 as
+    """TurboQuant_prod (Algorithm 2) of ``x`` (..., 128) float16 or bfloat16 as
     :func:`~turboquant.kernels.quantize_prod.quantize_prod_triton` returns it (codes, signs, norms, residual norms;
     inputs checked there and by :func:`wgmma_quantize_unsupported`), by :func:`quantize_wgmma_kernel` with ``PROD``:
     ``mse_bits`` 1-3, a symmetric codebook."""
