@@ -19,8 +19,8 @@ import pandas as pd
 import torch
 
 __all__ = [
-    "DTYPES", "HEADS_KV", "HEADS_Q", "HEAD_DIM", "Bench", "Row", "Timer", "compiled_kernels", "copy_bandwidth",
-    "device_name",
+    "DTYPES", "HEADS_KV", "HEADS_Q", "HEAD_DIM", "Bench", "Row", "Timer", "captured", "compiled_kernels",
+    "copy_bandwidth", "device_name",
     "gpu_busy_us", "kernel_kwargs", "failed_row", "skip_off_gpu", "markdown_table", "random_norms", "random_packed", "rel_err",
 ]
 
@@ -51,6 +51,22 @@ class Row:
         return out
 
 
+def captured(fn: Callable[[], Any]) -> Callable[[], None]:
+    """``fn`` (wrapper, launches and all) captured in a CUDA graph, after two warm-up calls on a side stream; returns
+    the graph's replay. Whatever ``fn`` does on the host happens three times, at capture included; its device work
+    then happens once per replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 class Timer:
     """Median time in µs: ``do_bench`` on CUDA (L2 flushed between repetitions), wall clock in the interpreter.
 
@@ -63,16 +79,7 @@ class Timer:
 
     def __call__(self, fn: Callable[[], Any], graph: bool = False) -> float:
         if graph and self.device.type == "cuda":
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                fn()
-                fn()
-            torch.cuda.current_stream().wait_stream(stream)
-            captured = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(captured):
-                fn()
-            fn = captured.replay
+            fn = captured(fn)
         if self.device.type == "cuda":
             import triton.testing
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call of the kernel benchmarks (results/kernels/README.md), everything it returns under $OUT:
 #   bash scripts/h200_kernels.sh SET [PYTEST_SELECTION...]
-# SET: a configs/kernels_set/ name (e.g. session18). First the GPU kernel tests (default: the Gluon kernels' suites,
-# or the pytest arguments given), then `python3 run.py experiment=kernels +kernels_set=SET`, each under a budget
+# SET: a configs/kernels_set/ name (e.g. session19). First the GPU kernel tests (default: the Gluon kernels' suites
+# and the static store's CUDA-graph tests, or the pytest arguments given), then `python3 run.py experiment=kernels +kernels_set=SET`, each under a budget
 # (TEST_SECONDS, RUN_SECONDS) so that a hang still returns what finished. Wheels (hydra-core, omegaconf, antlr4,
 # platformdirs; not in the device image) are installed from .whl/ (carry it). $OUT receives gpu.txt (GPU, driver,
 # commit), pytest.txt, log.txt, kernels.md, results.csv and the run record (two folders deep at most).
@@ -12,7 +12,8 @@ set_name=${1:?kernels set (configs/kernels_set/NAME.yaml)}
 shift
 [ -f "configs/kernels_set/$set_name.yaml" ] || { echo "no configs/kernels_set/$set_name.yaml" >&2; exit 2; }
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(tests/kernels/test_kernel_mma.py tests/kernels/test_kernel_quantize_wgmma.py)
+[ ${#tests[@]} -gt 0 ] || tests=(tests/kernels/test_kernel_mma.py tests/kernels/test_kernel_quantize_wgmma.py
+                                 tests/kvcache/test_static_store.py)
 OUT=${OUT:?the device tool sets OUT}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheels missing: carry .whl/ (see this script's header)" >&2; exit 2; }

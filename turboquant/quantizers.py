@@ -116,6 +116,7 @@ class _VectorQuantizer:
     backend: str = "torch"   # as asked for ("auto", "torch", "triton", "numba")
     backend_choice: Choice   # what serves it, and why not the others (turboquant.backends.quantizer_backend)
     _side_fields: tuple[str, ...] = ()  # the QuantizedVectors fields it stores beside codes and norms
+    _captured_extreme: torch.Tensor | None = None  # CUDA: whether a captured graph's quantize met an extreme row
 
     def _configure(self, dim: int, seed: int, device: torch.device | str | None, chunk_size: int) -> None:
         self.dim = check_int(dim, "dim", low=2)
@@ -201,9 +202,17 @@ class _VectorQuantizer:
     def _redo_extreme_rows(self, rows: torch.Tensor, fields: Fields) -> None:
         """Re-encode, with the torch reference, the rows whose norm lies outside ``SAFE_NORMS`` (zero, tiny, huge
         or non-finite: the Triton and numba encoders square in float32), and check their norms; one device
-        synchronisation when there are none."""
+        synchronisation when there are none. Inside a CUDA-graph capture, where the host cannot branch on the
+        device, the test is recorded on the device instead, for :meth:`check_captured_rows` after the replays."""
         norms = fields["norms"]
         extreme = ~((norms > SAFE_NORMS[0]) & (norms < SAFE_NORMS[1]))
+        if norms.is_cuda and torch.cuda.is_current_stream_capturing():
+            if self._captured_extreme is None:
+                raise RuntimeError(f"{self.signature}: quantize once outside the CUDA-graph capture first (warm-up)")
+            self._captured_extreme.logical_or_(extreme.any())
+            return
+        if norms.is_cuda and self._captured_extreme is None:
+            self._captured_extreme = torch.zeros((), dtype=torch.bool, device=norms.device)
         if not bool(extreme.any()):
             return
         index = extreme.nonzero().squeeze(1)
@@ -211,6 +220,15 @@ class _VectorQuantizer:
         _check_norms(redone["norms"])
         for name, values in redone.items():
             fields[name][index] = values.to(fields[name].dtype)
+
+    def check_captured_rows(self) -> None:
+        """After the replays of a captured CUDA graph that quantizes with this quantizer: ValueError when a replay met
+        a row whose norm lies outside ``SAFE_NORMS`` (outside graphs such rows are re-encoded by the reference;
+        inside one their codes are the kernel's, unchecked); one synchronisation. Clears the record."""
+        if self._captured_extreme is not None and bool(self._captured_extreme):
+            self._captured_extreme.zero_()
+            raise ValueError(f"{self.signature}: a replayed CUDA graph quantized a vector whose norm lies outside "
+                             f"{SAFE_NORMS} (zero, tiny, huge or not finite); its codes were not re-encoded")
 
     @torch.no_grad()
     def quantize(self, x: torch.Tensor) -> QuantizedVectors:

@@ -161,6 +161,68 @@ class TokenBuffer:
         return tensor_nbytes(self.storage)
 
 
+class StaticTokenBuffer:
+    """:class:`TokenBuffer`'s interface over a storage allocated once, at ``capacity`` rows, whose appends are placed
+    by a row count held on the device (:attr:`device_length`), so that a CUDA graph can capture them: every replay
+    writes after the rows of the one before, at a fixed storage address (``index_copy_`` at ``device_length +
+    arange(n)``, then ``device_length += n``; transformers' ``StaticLayer`` works the same way).
+
+    :attr:`length` counts the rows appended on the host and :attr:`tensor` views them, as in :class:`TokenBuffer`;
+    the replays of a captured graph advance :attr:`device_length` only (:meth:`resync` reads it back, one
+    synchronisation). An eager append beyond ``capacity`` raises; a replay beyond it fails in the device's index check.
+    """
+
+    TOKEN_DIM = 2
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1 token, got {capacity}")
+        self.capacity = capacity
+        self.storage: torch.Tensor | None = None
+        self.device_length: torch.Tensor | None = None  # () int64 on the storage's device
+        self.length = 0
+
+    @property
+    def tensor(self) -> torch.Tensor | None:
+        """The rows appended on the host (``None`` before the first append)."""
+        return None if self.storage is None else self.storage.narrow(self.TOKEN_DIM, 0, self.length)
+
+    def append(self, rows: torch.Tensor) -> torch.Tensor:
+        """Write ``rows`` (token axis at dim 2) after the stored ones; returns :attr:`tensor`."""
+        n = rows.shape[self.TOKEN_DIM]
+        if self.length + n > self.capacity:
+            raise ValueError(f"a static buffer of {self.capacity} tokens cannot take {n} more after {self.length}")
+        if self.storage is None:
+            shape = list(rows.shape)
+            shape[self.TOKEN_DIM] = self.capacity
+            self.storage = torch.zeros(shape, dtype=rows.dtype, device=rows.device)
+            self.device_length = torch.zeros((), dtype=torch.int64, device=rows.device)
+        elif (rows.shape[:self.TOKEN_DIM] != self.storage.shape[:self.TOKEN_DIM]
+              or rows.shape[self.TOKEN_DIM + 1:] != self.storage.shape[self.TOKEN_DIM + 1:]
+              or rows.dtype != self.storage.dtype or rows.device != self.storage.device):
+            raise ValueError(f"cannot append rows of shape {tuple(rows.shape)} {rows.dtype} on {rows.device} to "
+                             f"a static buffer of {tuple(self.storage.shape)} {self.storage.dtype} on {self.storage.device}")
+        positions = self.device_length + torch.arange(n, device=rows.device)
+        self.storage.index_copy_(self.TOKEN_DIM, positions, rows)
+        self.device_length.add_(n)
+        self.length += n
+        return self.tensor
+
+    def resync(self) -> int:
+        """Set :attr:`length` to :attr:`device_length` (after graph replays) and return it."""
+        if self.device_length is not None:
+            self.length = int(self.device_length)
+        return self.length
+
+    def nbytes(self) -> int:
+        """Bytes of the rows appended on the host."""
+        return tensor_nbytes(self.tensor)
+
+    def allocated_nbytes(self) -> int:
+        """Bytes of the whole storage."""
+        return tensor_nbytes(self.storage)
+
+
 def storage_dtype_for(compute_dtype: torch.dtype, requested: torch.dtype | None) -> torch.dtype:
     """The 16-bit dtype in which full-precision parts are stored.
 

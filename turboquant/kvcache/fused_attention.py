@@ -71,9 +71,10 @@ __all__ = ["DecodeStep", "cache_format", "decode_step_attention", "hides_tokens"
 class DecodeStep:
     """What one decode step of one layer attends over, captured before the new token was written."""
 
-    key_fields: Fields | None      # packed store, tokens 0 .. quantized - 1 (None when empty)
+    key_fields: Fields | None      # packed store (None when empty): its stored tokens, or a static store's storage
     value_fields: Fields | None
-    quantized: int
+    quantized: int                 # stored tokens, counted on the host
+    seq_lens: torch.Tensor | None  # (B,) int32 stored tokens per row, on the device: what the kernel reads
     exact_keys: torch.Tensor       # (B, kv_heads, s + r + 1, d): sink tokens, residual window, new token
     exact_values: torch.Tensor
     sink_tokens: int = 0           # s: the first s exact tokens are the sequence's first (``sink_tokens``)
@@ -99,9 +100,8 @@ def packed_attention(q: torch.Tensor, step: DecodeStep, key_encoder: TurboQuantE
     """Output (B, H, d) and log-sum-exp (B, H) of ``q`` (B, H, d) over the packed store, in the kernel."""
     from turboquant.kernels import decode_attention_groups_triton
 
-    seq_lens = torch.full((q.shape[0],), step.quantized, dtype=torch.int32, device=q.device)
     out, lse = decode_attention_groups_triton(
-        q, key_encoder.group_vectors(step.key_fields), value_encoder.group_vectors(step.value_fields), seq_lens,
+        q, key_encoder.group_vectors(step.key_fields), value_encoder.group_vectors(step.value_fields), step.seq_lens,
         format_, key_permutation=key_encoder.permutation, value_permutation=value_encoder.permutation, scale=scale,
         return_lse=True,
     )

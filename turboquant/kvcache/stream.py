@@ -15,7 +15,10 @@ first.
 
 The stored fields are tensors whose dim 2 is the token (or token-group) axis; each lives in a
 :class:`~turboquant.kvcache.base.TokenBuffer`, so appending a flushed chunk copies that chunk only (amortised
-O(1) per token) and ``fields`` are views equal to the concatenation of every chunk's fields. The 16-bit residual
+O(1) per token) and ``fields`` are views equal to the concatenation of every chunk's fields. With ``capacity``
+the store is *static* (:class:`~turboquant.kvcache.base.StaticTokenBuffer`: allocated once, written at a token count
+held on the device) and every token is quantized as it is written (no window, no sinks, no workspace): what a decode
+step captured in a CUDA graph needs (:meth:`QuantizedStream.packed_view`). The 16-bit residual
 holds at most ``R`` tokens (plus the tokens of the current write) and is re-concatenated per write: O(R), not
 O(T). On the torch path, each flushed chunk is decoded once into a *workspace* that attention reads (a growing
 buffer too); it is computed from the stored fields (never from the original inputs), so it equals decoding the
@@ -34,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 
-from turboquant.kvcache.base import CompressedLayer, TokenBuffer, tensor_nbytes
+from turboquant.kvcache.base import CompressedLayer, StaticTokenBuffer, TokenBuffer, tensor_nbytes
 
 FLUSH_POLICIES = ("block", "sliding")
 Fields = dict[str, torch.Tensor]
@@ -92,11 +95,16 @@ class QuantizedStream:
         keep_workspace: bool = True,
         decode_fn: Callable[[Encoder, Fields], torch.Tensor] | None = None,
         sink_length: int = 0,
+        capacity: int | None = None,
     ) -> None:
         if policy not in FLUSH_POLICIES:
             raise ValueError(f"flush policy must be one of {FLUSH_POLICIES}, got {policy!r}")
         if residual_length < 0 or sink_length < 0:
             raise ValueError(f"residual_length and sink_length must be >= 0, got {residual_length}, {sink_length}")
+        if capacity is not None and (residual_length or sink_length or keep_workspace):
+            raise ValueError("a static store (capacity=) quantizes every token as it is written and keeps no "
+                             f"workspace: got residual_length={residual_length}, sink_length={sink_length}, "
+                             f"keep_workspace={keep_workspace}")
         self.encoder = encoder
         self.residual_length = residual_length
         self.policy = policy
@@ -104,9 +112,10 @@ class QuantizedStream:
         self.compute_dtype = compute_dtype
         self.keep_workspace = keep_workspace
         self.decode_fn = decode_fn or (lambda encoder, fields: encoder.decode(fields))
-        self.field_buffers: dict[str, TokenBuffer] = {}
+        self.field_buffers: dict[str, TokenBuffer | StaticTokenBuffer] = {}
         self.workspace_buffer = TokenBuffer()
         self.sink_length = sink_length
+        self.capacity = capacity
         self.sink: torch.Tensor | None = None
         self.residual: torch.Tensor | None = None
         self.quantized_tokens = 0
@@ -153,7 +162,8 @@ class QuantizedStream:
         chunk, self.residual = self.residual[:, :, :flush], self.residual[:, :, flush:]
         fields = self.encoder.encode(chunk.float())
         if not self.field_buffers:
-            self.field_buffers = {name: TokenBuffer() for name in fields}
+            self.field_buffers = {name: TokenBuffer() if self.capacity is None else StaticTokenBuffer(self.capacity)
+                                  for name in fields}
         if fields.keys() != self.field_buffers.keys():
             raise ValueError(f"the encoder returned fields {sorted(fields)}, the store holds {sorted(self.field_buffers)}")
         for name, value in fields.items():
@@ -161,6 +171,27 @@ class QuantizedStream:
         self.quantized_tokens += flush
         if self.keep_workspace:
             self.workspace_buffer.append(self.decode_fn(self.encoder, fields).to(self.compute_dtype))
+
+    def packed_view(self, batch: int) -> tuple[Fields | None, torch.Tensor | None]:
+        """What attention reads of the packed store: its fields and the (batch,) int32 count of their stored tokens
+        (``(None, None)`` before the first flush). A static store hands over its whole storage and a copy of its
+        count on the device, so that nothing of the read is decided on the host: a CUDA graph replays it as the
+        store grows."""
+        if not self.field_buffers:
+            return None, None
+        first = next(iter(self.field_buffers.values()))
+        if self.capacity is None:
+            return self.fields, torch.full((batch,), self.quantized_tokens, dtype=torch.int32,
+                                           device=first.storage.device)
+        return ({name: buffer.storage for name, buffer in self.field_buffers.items()},
+                first.device_length.to(torch.int32).expand(batch).contiguous())
+
+    def resync(self) -> None:
+        """After replays of a captured decode step: the host's token count read back from a static store's device
+        count (one synchronisation; nothing to do for a growing store)."""
+        if self.capacity is not None and self.field_buffers:
+            counts = {buffer.resync() for buffer in self.field_buffers.values()}  # the fields advance together
+            self.quantized_tokens = counts.pop()
 
     def read(self) -> torch.Tensor:
         """All stored tokens, decoded, oldest first, in the compute dtype."""

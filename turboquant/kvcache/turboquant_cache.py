@@ -387,7 +387,10 @@ class TurboQuantLayer(StreamLayer):
     The read path is chosen once, at construction: the decoded workspace (``keep_workspace``, ``decode_fn``;
     the model's attention reads what :meth:`update` returns) or, with ``fused_decode=True``, decode steps read the
     packed codes through the Triton kernel inside ``attach(model, cache)`` (:mod:`turboquant.kvcache.fused_attention`;
-    no workspace is kept where the kernel runs, decided at the first update by the device).
+    no workspace is kept where the kernel runs, decided at the first update by the device). ``capacity`` (fused only,
+    no window, no sink tokens) makes the store static, allocated once for that many tokens and written at a token count
+    held on the device, so that a decode step can be captured in a CUDA graph and replayed
+    (:class:`~turboquant.kvcache.base.StaticTokenBuffer`; :meth:`after_graph_replays`).
     """
 
     AWAITING = "the packed part of a fused decode step"
@@ -395,22 +398,28 @@ class TurboQuantLayer(StreamLayer):
     def __init__(self, layer_idx: int, config: TurboQuantCacheConfig, fp_dtype: torch.dtype | None = None,
                  keep_workspace: bool = True,
                  decode_fn: Callable[[Encoder, Fields], torch.Tensor] | None = None,
-                 fused_decode: bool = False) -> None:
+                 fused_decode: bool = False, capacity: int | None = None) -> None:
         super().__init__(layer_idx, fp_dtype)
+        if capacity is not None and not fused_decode:
+            raise ValueError("a static store (capacity=) is read by the fused decode kernel: give fused_decode=True")
         if fused_decode and decode_fn is not None:
             raise ValueError("decode_fn is the workspace path's decode hook; with fused_decode=True attention reads "
                              "the packed fields in the kernel, so give one or the other")
         if fused_decode:
             config.read_path(True)  # ValueError with the reason when the kernel cannot read this configuration
         self.config, self.keep_workspace, self.decode_fn = config, keep_workspace, decode_fn
-        self.fused_decode = fused_decode
+        self.fused_decode, self.capacity = fused_decode, capacity
         self.fused = False  # set at the first update: fused_decode and the kernel runs on the device
         self._format: CacheFormat | None = None  # the kernel's constants, built at the first fused step
 
     def _initialize(self) -> None:
         config, d = self.config, self.head_dim
         config.check_head_dim(d)
-        self.fused = self.fused_decode and config.read_path("auto", self.device).chosen == "fused"
+        choice = config.read_path("auto", self.device)
+        self.fused = self.fused_decode and choice.chosen == "fused"
+        if self.capacity is not None and not self.fused:
+            raise ValueError(f"a static store (capacity=) is read by the fused decode kernel, which does not serve "
+                             f"here: {choice}")
         self.keep_workspace = self.keep_workspace and not self.fused
         seed = config.seed + 1000 * self.layer_idx
         streams = {}
@@ -419,6 +428,7 @@ class TurboQuantLayer(StreamLayer):
             streams[stream] = QuantizedStream(
                 encoder, config.residual_length, "block", self.fp_dtype, self.compute_dtype,
                 keep_workspace=self.keep_workspace, decode_fn=self.decode_fn, sink_length=config.sink_tokens,
+                capacity=self.capacity,
             )
         self.key_stream, self.value_stream = streams["key"], streams["value"]
 
@@ -446,7 +456,9 @@ class TurboQuantLayer(StreamLayer):
         if not deferred:
             return super().update(key_states, value_states, *args, **kwargs)
         keys, values = self.key_stream, self.value_stream
-        step = DecodeStep(keys.fields, values.fields, keys.quantized_tokens, _exact(keys, key_states),
+        batch = key_states.shape[0]
+        (key_fields, seq_lens), (value_fields, _) = keys.packed_view(batch), values.packed_view(batch)
+        step = DecodeStep(key_fields, value_fields, keys.quantized_tokens, seq_lens, _exact(keys, key_states),
                           _exact(values, value_states), keys.sink_tokens)
         self._write(key_states, value_states)
         self.seen_tokens += 1
@@ -459,6 +471,9 @@ class TurboQuantLayer(StreamLayer):
         step, self.awaiting = self.awaiting, None
         if step is None:
             return attention(module, query, key, value, attention_mask, **kwargs)
+        if self.capacity is not None and attention_mask is not None:  # no host test of a mask in a captured step
+            raise ValueError("a static store serves unpadded batches under a mask-free attention (sdpa): its decode "
+                             "step got an attention mask")
         if hides_tokens(attention_mask):  # padded rows: the kernel has no per-token mask
             keys, values = self._full_past(step)
             return attention(module, query, keys, values, attention_mask, **kwargs)
@@ -469,6 +484,17 @@ class TurboQuantLayer(StreamLayer):
         out = decode_step_attention(query, step, self.key_stream.encoder, self.value_stream.encoder, self._format,
                                     scale)
         return out.to(query.dtype)[:, None], None  # (B, 1, heads, d), as the model's reshape expects
+
+    def after_graph_replays(self) -> None:
+        """After replays of a captured decode step over a static store: the host's token counts read back from the
+        device, so that lengths and bytes are reported right again, and ValueError if a replay quantized a row the
+        kernels cannot encode (``check_captured_rows``); a few synchronisations."""
+        if self.is_initialized and self.capacity is not None:
+            for stream in (self.key_stream, self.value_stream):
+                stream.resync()
+                for quantizer in getattr(stream.encoder, "quantizers", ()):
+                    quantizer.check_captured_rows()
+            self.seen_tokens = self.key_stream.tokens
 
     def _full_past(self, step: DecodeStep) -> tuple[torch.Tensor, torch.Tensor]:
         """Sink tokens, decoded packed part, window and new token, oldest first (the torch path when the kernel
@@ -537,6 +563,7 @@ def build_turboquant_cache(
     keep_workspace: bool = True,
     decode_fn: Callable[[Encoder, Fields], torch.Tensor] | None = None,
     fused_decode: bool | str = False,
+    capacity: int | None = None,
     **options,
 ) -> CompressedCache:
     """A TurboQuant cache from a preset (``bits=3.5``, ``bits=(3.5, 2.5)`` for keys and values, or one of vLLM's, ``vllm_preset="turboquant_4bit_nc"``), a
@@ -552,7 +579,11 @@ def build_turboquant_cache(
     elsewhere; ``False`` keeps the workspace. It is an option of this method rather than a method of its own
     because it changes how attention *reads* the store, not what is stored: the codes, the bytes, the byte
     formula and the method name in result rows are the same, as for ``keep_workspace`` and ``decode_fn``, the
-    workspace path's options (``decode_fn`` cannot be combined with the fused path)."""
+    workspace path's options (``decode_fn`` cannot be combined with the fused path).
+
+    ``capacity`` (with ``fused_decode=True``, every layer quantized, no window and no sink tokens) allocates each
+    layer's store once for that many tokens, written at a count held on the device: a decode step of the model over
+    this cache can then be captured in a CUDA graph (:class:`TurboQuantLayer`)."""
     if sum(x is not None for x in (bits, memory_ratio, vllm_preset)) > 1:
         raise ValueError("give at most one of bits=, memory_ratio= and vllm_preset=")
     check_fused_decode(fused_decode)
@@ -581,9 +612,13 @@ def build_turboquant_cache(
     fused = (config.read_path("auto").chosen == "fused" and decode_fn is None) if fused_decode == "auto" \
         else fused_decode
 
+    if capacity is not None and full:
+        raise ValueError(f"a static cache (capacity=) quantizes every layer; this configuration keeps layers "
+                         f"{sorted(full)} in 16 bits")
+
     def quantized_layer(index: int) -> TurboQuantLayer:
         return TurboQuantLayer(index, config, fp_dtype, keep_workspace=keep_workspace, decode_fn=decode_fn,
-                               fused_decode=fused)
+                               fused_decode=fused, capacity=capacity)
     layers = [FullPrecisionLayer(i, fp_dtype) if i in full else quantized_layer(i) for i in range(shape.num_layers)]
     summary = {**dataclasses.asdict(config), "preset_bits": bits, "vllm_preset": vllm_preset,
                "nominal_bits_per_value": nominal_bits_per_value(config, shape.head_dim), "fused_decode": fused_decode}

@@ -1,0 +1,164 @@
+"""The static store of a fused TurboQuant cache (``capacity=``): allocated once, written at a token count held on the
+device, so that a decode step can be captured in a CUDA graph. On the CPU the fused kernel runs in Triton's
+interpreter; the capture itself is checked on a GPU only."""
+import copy
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+from tests.kvcache.test_fused_attention import greedy
+from tests.kvcache.tiny_llama import relative_error
+from turboquant.kvcache import attach, build_cache
+from turboquant.kvcache.base import StaticTokenBuffer, TokenBuffer
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+PROMPT = 70
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model):
+    return copy.deepcopy(tiny_model).to(DEVICE)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(prompt_ids):
+    return prompt_ids.to(DEVICE)
+
+
+def test_static_buffer_holds_what_a_growing_one_holds() -> None:
+    static, growing = StaticTokenBuffer(capacity=12), TokenBuffer()
+    gen = torch.Generator().manual_seed(0)
+    for n in (5, 1, 1, 3):
+        rows = torch.randint(0, 255, (2, 3, n, 4), generator=gen, dtype=torch.uint8)
+        assert torch.equal(static.append(rows), growing.append(rows))
+    assert static.length == int(static.device_length) == 10 and static.storage.shape[2] == 12
+    assert static.nbytes() == growing.nbytes() and static.allocated_nbytes() == 2 * 3 * 12 * 4
+    with pytest.raises(ValueError, match="cannot take 3 more after 10"):
+        static.append(torch.zeros(2, 3, 3, 4, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="cannot append rows"):
+        static.append(torch.zeros(2, 3, 1, 5, dtype=torch.uint8))
+    static.device_length.add_(2)  # what two graph replays do
+    assert static.length == 10 and static.resync() == 12 and static.tensor.shape[2] == 12
+
+
+@pytest.mark.parametrize("options", [
+    {"key_bits": 4, "value_bits": 4},
+    {"bits": 3.5, "center_keys": True},  # outlier split, per-row channel orders, key mean restored
+])
+def test_static_cache_decodes_as_the_growing_one(tiny_model, prompt_ids, options) -> None:
+    """Same tokens and logits as the fused cache whose store grows (the kernel reads the whole storage, bounded by the
+    device-side count, so only the split boundaries differ); the bytes are those of the stored tokens."""
+    ids = torch.cat([prompt_ids[:, :PROMPT], prompt_ids[:, 150:150 + PROMPT]])
+    growing = build_cache("turboquant", tiny_model.config, fused_decode=True, **options)
+    static = build_cache("turboquant", tiny_model.config, fused_decode=True, capacity=PROMPT + 8, **options)
+    want_logits, want_tokens = greedy(tiny_model, ids, growing, fused=True)
+    got_logits, got_tokens = greedy(tiny_model, ids, static, fused=True)
+    assert torch.equal(got_tokens, want_tokens)
+    assert relative_error(got_logits, want_logits) < 1e-4
+    assert static.nbytes() == growing.nbytes() == static.expected_nbytes()
+    layer = static.layers[0]
+    assert layer.key_stream.field_buffers["codes0"].storage.shape[2] == PROMPT + 8
+    layer.after_graph_replays()  # nothing replayed: the counts stand
+    assert layer.get_seq_length() == growing.layers[0].get_seq_length()
+
+
+def test_static_cache_refusals(tiny_model, prompt_ids) -> None:
+    config = tiny_model.config
+    with pytest.raises(ValueError, match="fused_decode=True"):
+        build_cache("turboquant", config, capacity=100)
+    with pytest.raises(ValueError, match="keeps layers"):
+        build_cache("turboquant", config, fused_decode=True, capacity=100, boundary_layers=1)
+    window = build_cache("turboquant", config, fused_decode=True, capacity=100, residual_length=16)
+    with pytest.raises(ValueError, match="residual_length=16"), torch.no_grad():
+        tiny_model(prompt_ids[:, :20], cache=window)
+    full = build_cache("turboquant", config, fused_decode=True, capacity=20)
+    with torch.no_grad(), attach(tiny_model, full):
+        tiny_model(prompt_ids[:, :20], cache=full)
+        with pytest.raises(ValueError, match="cannot take 1 more after 20"):
+            tiny_model(prompt_ids[:, 20:21], cache=full)
+
+
+def test_padded_decode_is_refused(tiny_model, prompt_ids) -> None:
+    """A static store's step never tests a mask on the host (a graph could not): an attention mask is refused."""
+    ids = prompt_ids[:, :30].repeat(2, 1)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    cache = build_cache("turboquant", tiny_model.config, fused_decode=True, capacity=40)
+    with torch.no_grad(), attach(tiny_model, cache):
+        tiny_model(ids, attention_mask=mask, cache=cache)
+        step_mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype, device=mask.device)], dim=-1)
+        with pytest.raises(ValueError, match="unpadded batches"):
+            tiny_model(ids[:, -1:], attention_mask=step_mask, cache=cache)
+
+
+def test_extreme_rows_met_in_a_graph_are_reported() -> None:
+    """Inside a capture the extreme-row test is kept on the device; ``check_captured_rows`` raises on it once."""
+    import turboquant as tq
+
+    quantizer = tq.TurboQuantMSE(16, 3, seed=0)
+    quantizer.check_captured_rows()  # nothing recorded
+    quantizer._captured_extreme = torch.ones((), dtype=torch.bool)  # what a replay that met a zero row leaves
+    with pytest.raises(ValueError, match="replayed CUDA graph quantized a vector"):
+        quantizer.check_captured_rows()
+    quantizer.check_captured_rows()  # the record was cleared
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # past_key_values=: the keyword of the GPU image's transformers
+def test_decode_step_replays_in_a_cuda_graph(tiny_model, prompt_ids) -> None:
+    """One decode step captured over a static cache; each replay writes its token and advances the position on the
+    device, and its logits are those of the same step run eagerly on a twin cache."""
+    ids = prompt_ids[:, :PROMPT]
+    caches = [build_cache("turboquant", tiny_model.config, fused_decode=True, capacity=PROMPT + 16) for _ in range(2)]
+    eager, graphed = caches
+    token = ids[:, -1:].clone()
+    position = torch.full((1, 1), PROMPT, dtype=torch.long, device=DEVICE)
+    with torch.no_grad(), attach(tiny_model, graphed):
+        tiny_model(ids, past_key_values=graphed)
+
+        def step():
+            logits = tiny_model(token, position_ids=position, past_key_values=graphed).logits[:, -1].float()
+            position.add_(1)
+            return logits
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()  # warm-up: compiles, builds the kernel's constants, writes a first token
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+    with torch.no_grad(), attach(tiny_model, eager):
+        tiny_model(ids, past_key_values=eager)
+        tiny_model(token, past_key_values=eager)  # the warm-up's token
+        for i in range(3):
+            token.copy_(ids[:, 10 + i:11 + i])
+            graph.replay()
+            want = tiny_model(token, past_key_values=eager).logits[:, -1].float()
+            assert relative_error(captured, want) < 1e-4, i
+    for layer in graphed.layers:
+        layer.after_graph_replays()
+    assert graphed.get_seq_length() == eager.get_seq_length() == PROMPT + 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_quantize_in_a_graph_records_extreme_rows() -> None:
+    import turboquant as tq
+
+    quantizer = tq.TurboQuantMSE(128, 4, seed=0, device="cuda")
+    x = torch.randn(64, 128, device="cuda")
+    quantizer.quantize(x)  # the warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        quantizer.quantize(x)
+    graph.replay()
+    quantizer.check_captured_rows()  # no extreme row
+    x[3] = 0
+    graph.replay()
+    with pytest.raises(ValueError, match="replayed CUDA graph"):
+        quantizer.check_captured_rows()
