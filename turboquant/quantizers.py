@@ -100,6 +100,11 @@ def _check_threads(threads: int | None) -> int | None:
 Fields = dict[str, torch.Tensor]  # QuantizedVectors' tensors by field name, one row per vector
 
 
+def _capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream (never where CUDA is not available)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 class _VectorQuantizer:
     """Argument checks, norm handling, chunking and the ``quantize`` driver shared by the three quantizers.
 
@@ -116,7 +121,7 @@ class _VectorQuantizer:
     backend: str = "torch"   # as asked for ("auto", "torch", "triton", "numba")
     backend_choice: Choice   # what serves it, and why not the others (turboquant.backends.quantizer_backend)
     _side_fields: tuple[str, ...] = ()  # the QuantizedVectors fields it stores beside codes and norms
-    _captured_extreme: torch.Tensor | None = None  # CUDA: whether a captured graph's quantize met an extreme row
+    _captured_extreme: torch.Tensor | None = None  # whether a captured graph's quantize met an extreme row
 
     def _configure(self, dim: int, seed: int, device: torch.device | str | None, chunk_size: int) -> None:
         self.dim = check_int(dim, "dim", low=2)
@@ -206,12 +211,12 @@ class _VectorQuantizer:
         device, the test is recorded on the device instead, for :meth:`check_captured_rows` after the replays."""
         norms = fields["norms"]
         extreme = ~((norms > SAFE_NORMS[0]) & (norms < SAFE_NORMS[1]))
-        if norms.is_cuda and torch.cuda.is_current_stream_capturing():
+        if _capturing():
             if self._captured_extreme is None:
                 raise RuntimeError(f"{self.signature}: quantize once outside the CUDA-graph capture first (warm-up)")
             self._captured_extreme.logical_or_(extreme.any())
             return
-        if norms.is_cuda and self._captured_extreme is None:
+        if self._captured_extreme is None:  # a capture's record is allocated outside it (one bool per quantizer)
             self._captured_extreme = torch.zeros((), dtype=torch.bool, device=norms.device)
         if not bool(extreme.any()):
             return

@@ -3,6 +3,7 @@ device, so that a decode step can be captured in a CUDA graph. On the CPU the fu
 interpreter; the capture itself is checked on a GPU only."""
 import copy
 import os
+import sys
 
 import pytest
 import torch
@@ -94,6 +95,47 @@ def test_padded_decode_is_refused(tiny_model, prompt_ids) -> None:
         step_mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype, device=mask.device)], dim=-1)
         with pytest.raises(ValueError, match="unpadded batches"):
             tiny_model(ids[:, -1:], attention_mask=step_mask, cache=cache)
+
+
+def _called_from_triton() -> bool:
+    """Whether the caller runs inside Triton (its CPU interpreter reads tensors on the host; a GPU launch does not)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if f"{os.sep}triton{os.sep}" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_static_decode_step_reads_no_tensor_on_the_host(tiny_model, prompt_ids, monkeypatch) -> None:
+    """What a CUDA-graph capture forbids, found on the CPU: after its warm-up, a decode step over a static store
+    converts no tensor to a host value and makes no data-dependent shape (each would synchronise a GPU, or be frozen
+    into a captured graph). The interpreter's own reads, which stand for kernel launches, are exempt."""
+    import turboquant as tq
+
+    for quantizer in (tq.TurboQuantMSE, tq.TurboQuantProd):  # quantize in the Triton kernel, as on a GPU
+        monkeypatch.setattr(quantizer, "_triton", property(lambda self: True))
+    cache = build_cache("turboquant", tiny_model.config, fused_decode=True, capacity=PROMPT + 8, bits=3.5,
+                        center_keys=True)
+    position = torch.full((1, 1), PROMPT + 1, dtype=torch.long, device=DEVICE)
+    with torch.no_grad(), attach(tiny_model, cache):
+        tiny_model(prompt_ids[:, :PROMPT], cache=cache)
+        tiny_model(prompt_ids[:, PROMPT:PROMPT + 1], cache=cache)  # the warm-up: the kernel's constants are built
+        reads = []
+        for name in ("item", "__bool__", "__int__", "__float__", "__index__", "tolist", "numpy", "nonzero", "cpu"):
+            original = getattr(torch.Tensor, name)
+
+            def guarded(self, *args, _name=name, _original=original, **kwargs):
+                if not _called_from_triton():
+                    caller = sys._getframe(1)
+                    reads.append(f"{_name} at {os.path.relpath(caller.f_code.co_filename)}:{caller.f_lineno}")
+                return _original(self, *args, **kwargs)
+            monkeypatch.setattr(torch.Tensor, name, guarded)
+        monkeypatch.setattr(tq.quantizers, "_capturing", lambda: True)  # as inside a capture
+        tiny_model(prompt_ids[:, PROMPT + 1:PROMPT + 2], position_ids=position, cache=cache)
+        monkeypatch.undo()
+    assert reads == [], sorted(set(reads))
+    cache.layers[0].after_graph_replays()  # no extreme row was met; the counts read back
 
 
 def test_extreme_rows_met_in_a_graph_are_reported() -> None:
