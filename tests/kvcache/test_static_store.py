@@ -1,7 +1,6 @@
 """The static store of a fused TurboQuant cache (``capacity=``): allocated once, written at a token count held on the
 device, so that a decode step can be captured in a CUDA graph. On the CPU the fused kernel runs in Triton's
 interpreter; the capture itself is checked on a GPU only."""
-import copy
 import os
 import sys
 
@@ -12,23 +11,10 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
-from tests.kvcache.test_fused_attention import greedy
+from tests.kvcache.test_fused_attention import DEVICE, PROMPT, greedy, prompt_ids, tiny_model  # noqa: F401 (fixtures)
 from tests.kvcache.tiny_llama import relative_error
 from turboquant.kvcache import attach, build_cache
 from turboquant.kvcache.base import StaticTokenBuffer, TokenBuffer
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-PROMPT = 70
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tiny_model):
-    return copy.deepcopy(tiny_model).to(DEVICE)
-
-
-@pytest.fixture(scope="module")
-def prompt_ids(prompt_ids):
-    return prompt_ids.to(DEVICE)
 
 
 def test_static_buffer_holds_what_a_growing_one_holds() -> None:
