@@ -17,7 +17,7 @@ import turboquant as tq
 
 pytest.importorskip("triton.experimental.gluon")
 
-from turboquant.kernels._decode import PRMT_PAIR3, PRMT_PAIR4, prmt_byte_tables  # noqa: E402
+from turboquant.kernels._decode import PRMT_PAIR3, PRMT_PAIR4, PRMT_PAIR43, prmt_byte_tables  # noqa: E402
 from turboquant.kernels import _mma  # noqa: E402
 from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup  # noqa: E402
 
@@ -100,6 +100,68 @@ def test_pair_program_decodes_every_code_of_both_words(dim) -> None:
             assert out[c] == expected[(a >> (4 * c)) & 15] | expected[(b >> (4 * c)) & 15] << 16, (hex(a), hex(b), c)
 
 
+def _split_code(slot: int, c: int) -> int:
+    """Code c of a split slot word (``_mma`` module docstring): codes 0, 1 4-bit at bits 0-7, codes 2..7 3-bit."""
+    return (slot >> (4 * c)) & 15 if c < 2 else (slot >> (8 + 3 * (c - 2))) & 7
+
+
+def test_pair43_program_decodes_every_code_of_both_slots() -> None:
+    outlier_table = tq.lloyd_max_codebook(32, 4).centroids_tensor().numpy().astype(np.float16)
+    table3 = tq.lloyd_max_codebook(96, 3).centroids_tensor().numpy().astype(np.float16)
+    expected = {4: _fp16_bits(outlier_table), 3: _fp16_bits(table3)}
+    operands = {}
+    for i, table in enumerate(_byte_tables(outlier_table[8:]) + _byte_tables(table3)):
+        operands[10 + 2 * i] = operands[11 + 2 * i] = table  # pack=2: each scalar twice
+    rng = np.random.default_rng(43)
+    slots = [sum(((c + k) % 16) << (4 * k) for k in range(2)) | sum(((c + k) % 8) << (8 + 3 * k) for k in range(6))
+             for c in range(16)]  # every code at every position
+    slots += [int(w) for w in rng.integers(0, 2 ** 26, size=300)] + [0, 2 ** 26 - 1]
+    for a, b in zip(slots, reversed(slots)):
+        out = run_ptx(PRMT_PAIR43.value, {8: a, 9: b, **operands})
+        for c in range(8):
+            value = expected[4 if c < 2 else 3]
+            assert out[c] == value[_split_code(a, c)] | value[_split_code(b, c)] << 16, (hex(a), hex(b), c)
+
+
+def _funnel(low: int, high: int, shift: int) -> int:
+    return ((high << 32 | low) >> shift) & 0xFFFFFFFF
+
+
+def _slot_word(outlier_byte: int, three_bits: int) -> int:
+    return (outlier_byte & 0xFF) | ((three_bits & 0x3FFFF) << 8)
+
+
+def test_split_slots_hold_the_codes_of_their_channels() -> None:
+    """What ``_mma.split_key_slots`` / ``split_value_slots`` compute from the words they load (the same formulas, in
+    NumPy) holds, at code c of slot s, the code of stream channel ``_key_slot_channel(s, c)`` /
+    ``_value_slot_channel(s, c)``: the outlier row's for channels < 32, the 3-bit row's (channel - 32) above."""
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        outlier_row = rng.integers(0, 256, size=16, dtype=np.uint8)
+        row = rng.integers(0, 256, size=36, dtype=np.uint8)
+        o, w = (r.view("<u4").astype(np.uint64).tolist() for r in (outlier_row, row))
+
+        def code(channel: int) -> int:
+            return _row_bits(outlier_row, 4 * channel, 4) if channel < 32 else _row_bits(row, 3 * (channel - 32), 3)
+
+        key_slots = {}
+        for t in range(4):  # lane t: outlier word t, 3-bit words 2t .. 2t + 2 at bit offset 8t
+            x0, x1, x2 = _funnel(w[2 * t], w[2 * t + 1], 8 * t), _funnel(w[2 * t + 1], w[2 * t + 2], 8 * t), \
+                w[2 * t + 2] >> 8 * t
+            key_slots.update({4 * t: _slot_word(o[t], x0), 4 * t + 1: _slot_word(o[t] >> 8, (x0 >> 18) | (x1 << 14)),
+                              4 * t + 2: _slot_word(o[t] >> 16, x1 >> 4),
+                              4 * t + 3: _slot_word(o[t] >> 24, (x1 >> 22) | (x2 << 10))})
+        value_slots = {}
+        for g in range(8):  # lane group g: 3-bit words g, g + 1 at bit offset 4g, half g & 1 of outlier word g >> 1
+            half = o[g >> 1] >> 16 * (g & 1)
+            x0, x1 = _funnel(w[g], w[g + 1], 4 * g), w[g + 1] >> 4 * g
+            value_slots.update({2 * g: _slot_word(half, x0), 2 * g + 1: _slot_word(half >> 8, (x0 >> 18) | (x1 << 14))})
+        for slots, channel in ((key_slots, _mma._key_slot_channel), (value_slots, _mma._value_slot_channel)):
+            for slot, word in slots.items():
+                for c in range(8):
+                    assert _split_code(word, c) == code(int(channel(torch.tensor(slot), torch.tensor(c), True)))
+
+
 def _join_tree(outputs: list[np.ndarray]) -> np.ndarray:
     """What the kernel's nested ``gl.join`` of asm outputs 0..2^j - 1 builds: output i at index bits of i appended
     as axes, least significant first."""
@@ -126,6 +188,8 @@ def test_key_tile_columns_are_the_key_channel_order(block_n) -> None:
 
     assert (tile(_planes(lambda c: 8 * word + c)) == _mma.key_channel_order().numpy()[None, :]).all()
     assert (tile(_planes(lambda c: token)) == np.arange(block_n)[:, None]).all()
+    split = _planes(lambda c: _mma._key_slot_channel(torch.from_numpy(word), torch.tensor(c), True).numpy())
+    assert (tile(split) == _mma.key_channel_order(split=True).numpy()[None, :]).all()
 
 
 @pytest.mark.parametrize("block_n", [16, 32, 64])
@@ -139,16 +203,26 @@ def test_value_tile_rows_are_the_value_channel_order(block_n) -> None:
 
     assert (tile(_planes(lambda c: 8 * word + c)) == _mma.value_channel_order().numpy()[:, None]).all()
     assert (tile(_planes(lambda c: token)) == np.arange(block_n)[None, :]).all()
+    split = _planes(lambda c: _mma._value_slot_channel(torch.from_numpy(word), torch.tensor(c), True).numpy())
+    split_order = _mma.value_channel_order(split=True).numpy()
+    assert (tile(split) == split_order[:, None]).all()
+    # decoded_split_values: the outlier tile joins planes 0 and 1 alone, (token, g, w, c0) -> (c0 w g, token)
+    outliers = np.transpose(_join_tree(split[:2]).reshape(block_n, 8, 2, 2), (3, 2, 1, 0)).reshape(32, block_n)
+    assert (outliers == split_order[:32, None]).all() and (split_order[:32] < 32).all()
 
 
 def test_channel_orders_are_permutations() -> None:
-    for order in (_mma.key_channel_order(), _mma.value_channel_order()):
-        assert sorted(order.tolist()) == list(range(128))
+    for split in (False, True):
+        for order in (_mma.key_channel_order(split=split), _mma.value_channel_order(split=split)):
+            assert sorted(order.tolist()) == list(range(128))
+    k = torch.arange(128)  # the split kernel's outlier positions: key order k & 0x30 == 0, value rows m < 32
+    assert torch.equal(_mma.key_channel_order(split=True) < 32, (k & 0x30) == 0)
+    assert torch.equal(_mma.value_channel_order(split=True) < 32, k < 32)
 
 
-def _format(bits: int = 4, dim: int = 128, groups: int = 1, device: str = "cpu") -> CacheFormat:
+def _format(bits: int = 4, dim: int = 128, groups: int = 1, device: str = "cpu", outlier_bits: int = 4) -> CacheFormat:
     def stream(seed):
-        layout = [(dim, bits)] if groups == 1 else [(32, 4), (dim - 32, 3)]
+        layout = [(dim, bits)] if groups == 1 else [(32, outlier_bits), (dim - 32, outlier_bits - 1)]
         return [ChannelGroup(m, b, tq.make_rotation("haar", m, seed=seed + i, device=device).matrix(),
                              tq.lloyd_max_codebook(m, b).centroids_tensor(device)) for i, (m, b) in enumerate(layout)]
     return CacheFormat.build(stream(0), stream(5), device)
@@ -159,7 +233,8 @@ def test_refuses_what_it_does_not_read() -> None:
     assert _format(bits=3).mma_unsupported(32, 8) is None
     assert "3- and 4-bit" in _format(bits=2).mma_unsupported(32, 8)
     assert "head_dim" in _format(dim=64).mma_unsupported(32, 8)
-    assert "one channel group" in _format(groups=2).mma_unsupported(32, 8)
+    assert _format(groups=2).mma_unsupported(32, 8) is None  # the 3.5-bit preset's split
+    assert "32 outlier channels at 4 bits" in _format(groups=2, outlier_bits=3).mma_unsupported(32, 8)
     assert "GQA" in _format().mma_unsupported(32, 1)
 
 
@@ -187,11 +262,14 @@ def test_launch_names_the_refusal(device) -> None:
                                        torch.tensor([4], device=device), cache_format, kernel="mma")
 
 
-def test_query_map_gathers_the_rotated_query_in_key_order() -> None:
-    cache_format = _format()
+@pytest.mark.parametrize("groups", [1, 2])
+def test_query_map_gathers_the_rotated_query_in_key_order(groups) -> None:
+    cache_format = _format(groups=groups)
     q = torch.randn(3, 128)
-    rotated = q @ cache_format.key_groups[0].rotation.T  # Pi q as rows
-    assert torch.allclose(q @ cache_format.mma_query_map, rotated[:, _mma.key_channel_order()], atol=1e-5)
+    rotated = q @ torch.block_diag(*(g.rotation for g in cache_format.key_groups)).T  # Pi_g q_g as rows
+    order = _mma.key_channel_order(split=groups == 2)
+    assert torch.allclose(q @ cache_format.mma_query_map, rotated[:, order], atol=1e-5)
+    assert torch.equal(cache_format.mma_value_rows, _mma.value_channel_order(split=groups == 2).int())
 
 
 @pytest.mark.slow
@@ -213,7 +291,8 @@ def test_compiles_for_sm90_with_operands_in_registers() -> None:
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
             if "mma_split_kernel" in line or "mma_scores_kernel" in line]
     assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 4 + ["mma_scores_kernel"]  # 4-bit variants
-                                               + ["mma_split_kernel"] * 2 + ["mma_scores_kernel"])  # K3V3, K4V3, b=3
+                                               + ["mma_split_kernel"] * 2 + ["mma_scores_kernel"]  # K3V3, K4V3, b=3
+                                               + ["mma_split_kernel"])  # the 3.5-bit split
     for row in rows:
         assert row["stack"] == "0" and int(row["HMMA"]) > 0, row
         assert int(row["LDSM"]) <= 4 and int(row["STS"]) <= 8, row
@@ -221,22 +300,26 @@ def test_compiles_for_sm90_with_operands_in_registers() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on a CUDA GPU only")
 @pytest.mark.parametrize("batch,tokens,group", [(2, 300, 4), (3, 1000, 6), (1, 70, 7), (2, 129, 16)])
-@pytest.mark.parametrize("key_bits,value_bits", [(4, 4), (3, 3), (4, 3)])
+@pytest.mark.parametrize("key_bits,value_bits", [(4, 4), (3, 3), (4, 3), ("split", "split")])
 def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group, key_bits, value_bits) -> None:
+    """One channel group per stream, or both split as the 3.5-bit preset (32 outlier channels at 4 bits, 96 at 3);
+    random codes, norms fp16 for keys and fp32 for values."""
     from turboquant.kernels.decode_attention import decode_attention_groups_reference, decode_attention_groups_triton
 
     def stream(bits, seed):
-        return [ChannelGroup(128, bits, tq.make_rotation("haar", 128, seed=seed, device="cuda").matrix(),
-                             tq.lloyd_max_codebook(128, bits).centroids_tensor("cuda"))]
+        layout = [(32, 4), (96, 3)] if bits == "split" else [(128, bits)]
+        return [ChannelGroup(m, b, tq.make_rotation("haar", m, seed=seed + i, device="cuda").matrix(),
+                             tq.lloyd_max_codebook(m, b).centroids_tensor("cuda")) for i, (m, b) in enumerate(layout)]
     cache_format = CacheFormat.build(stream(key_bits, 0), stream(value_bits, 5), "cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
     lead = (batch, 2, tokens)
 
-    def fields(groups, bits, norm_dtype):
-        return [g.packed(torch.randint(0, 256, (*lead, 16 * bits), dtype=torch.uint8, device="cuda", generator=gen),
+    def fields(groups, norm_dtype):
+        return [g.packed(torch.randint(0, 256, (*lead, g.dim * g.bits // 8), dtype=torch.uint8, device="cuda",
+                                       generator=gen),
                          (torch.rand(lead, device="cuda", generator=gen) + 0.5).to(norm_dtype)) for g in groups]
-    keys = fields(cache_format.key_groups, key_bits, torch.float16)
-    values = fields(cache_format.value_groups, value_bits, torch.float32)
+    keys = fields(cache_format.key_groups, torch.float16)
+    values = fields(cache_format.value_groups, torch.float32)
     q = torch.randn(batch, 2 * group, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
     seq_lens = torch.randint(1, tokens + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
     ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format)

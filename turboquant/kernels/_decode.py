@@ -268,17 +268,18 @@ def prmt_byte_tables(table: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 def _nibble_pair_lines(src: str, outs: list[str]) -> list[str]:
-    """PTX lines decoding the 8 4-bit codes of the 32-bit register ``src`` (code n at bits 4n..4n+3) to fp16 values of
-    a symmetric codebook, codes n and n + 4 as one fp16 pair written to ``outs[n]`` (n = 0..3). As
-    :data:`_PRMT_DECODE4` (sign bit + 3-bit magnitude index, the magnitudes looked up in the byte tables
-    ``$T0..$T3``), but the sign bits of a pair sit 16 bits apart in ``src`` (bits 4n + 3 and 4n + 19), so one shift
-    and one ``lop3`` set both (sign set where the code's top bit is clear). Per 8 codes: 4 ops for the magnitude
-    indices, 2 ``prmt`` that gather the selector nibbles, 4 + 4 ``prmt`` for the table bytes and their
-    interleaving, 7 for the signs."""
+    """PTX lines decoding the 4-bit codes of the 32-bit register ``src`` (code n at bits 4n..4n+3) to fp16 values of
+    a symmetric codebook, codes n and n + 4 as one fp16 pair written to ``outs[n]`` (n < len(outs): 4 for all 8
+    codes, 2 for codes 0, 1, 4, 5 alone). As :data:`_PRMT_DECODE4` (sign bit + 3-bit magnitude index, the magnitudes
+    looked up in the byte tables ``$T0..$T3``), but the sign bits of a pair sit 16 bits apart in ``src`` (bits
+    4n + 3 and 4n + 19), so one shift and one ``lop3`` set both (sign set where the code's top bit is clear). Per 8
+    codes: 4 ops for the magnitude indices, 2 ``prmt`` that gather the selector nibbles, 4 + 4 ``prmt`` for the table
+    bytes and their interleaving, 7 for the signs."""
     lines = [f"not.b32 s, {src};", "shr.u32 s, s, 3;", "and.b32 s, s, 0x11111111;", "mul.lo.u32 s, s, 7;",
              f"and.b32 j, {src}, 0x77777777;", "xor.b32 j, j, s;"]
-    for half, selector in ((0, "0x4420"), (1, "0x4431")):  # bytes 0, 2 / 1, 3 of j: codes (0, 1, 4, 5) / (2, 3, 6, 7)
-        lines += [f"prmt.b32 sel, j, 0, {selector};", "prmt.b32 lo, $T0, $T1, sel;", "prmt.b32 hi, $T2, $T3, sel;"]
+    for half, selector in ((0, "0x4420"), (1, "0x4431"))[:len(outs) // 2]:  # bytes 0, 2 / 1, 3 of j: codes
+        lines += [f"prmt.b32 sel, j, 0, {selector};", "prmt.b32 lo, $T0, $T1, sel;",  # (0, 1, 4, 5) / (2, 3, 6, 7)
+                  "prmt.b32 hi, $T2, $T3, sel;"]
         for odd, interleave in ((0, "0x6240"), (1, "0x7351")):
             n = 2 * half + odd
             shift = 12 - 4 * n
@@ -288,16 +289,23 @@ def _nibble_pair_lines(src: str, outs: list[str]) -> list[str]:
     return lines
 
 
+def _with_tables(lines: list[str], tables: tuple[str, str, str, str]) -> list[str]:
+    """``lines`` with the byte-table placeholders ``$T0..$T3`` replaced by the operands ``tables``."""
+    for i, table in enumerate(tables):
+        lines = [line.replace(f"$T{i}", table) for line in lines]
+    return lines
+
+
 # One invocation (``pack=2``): two words A ($8) and B ($9) of 8 4-bit codes -> $c = the fp16 pair (code c of A,
 # code c of B), c = 0..7; $10, $12, $14, $16: the magnitude byte tables (_byte_tables(table + 8); each scalar is
 # passed once per packed element). The low (high) halves of the two words are joined first, one prmt each, so that
 # codes c of A and of B are codes n and n + 4 of one register for the decoder above. A register MMA operand wants
 # exactly such pairs: the same token's channels (keys, A and B two words of a row) or the same channel of two tokens
 # (values, A and B the rows of tokens 2p and 2p + 1).
-PRMT_PAIR4 = tl.constexpr("{\n.reg .b32 s, j, sel, lo, hi, r, t, x;\n" + "\n".join(
-    line.replace("$T0", "$10").replace("$T1", "$12").replace("$T2", "$14").replace("$T3", "$16")
-    for line in ["prmt.b32 x, $8, $9, 0x5410;", *_nibble_pair_lines("x", ["$0", "$1", "$2", "$3"]),
-                 "prmt.b32 x, $8, $9, 0x7632;", *_nibble_pair_lines("x", ["$4", "$5", "$6", "$7"])]) + "\n}")
+PRMT_PAIR4 = tl.constexpr("{\n.reg .b32 s, j, sel, lo, hi, r, t, x;\n" + "\n".join(_with_tables(
+    ["prmt.b32 x, $8, $9, 0x5410;", *_nibble_pair_lines("x", ["$0", "$1", "$2", "$3"]),
+     "prmt.b32 x, $8, $9, 0x7632;", *_nibble_pair_lines("x", ["$4", "$5", "$6", "$7"])],
+    ("$10", "$12", "$14", "$16"))) + "\n}")
 PRMT_PAIR4_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 10))
 
 
@@ -311,22 +319,33 @@ def _spread3_lines(src: str, dst: str) -> list[str]:
             f"and.b32 {dst}, {dst}, 0x07070707;", "shl.b32 t, t, 1;", f"or.b32 {dst}, {dst}, t;"]
 
 
-def _pair3_lines() -> list[str]:
-    """Lines of :data:`PRMT_PAIR3`: both group words spread to nibbles, their nibbles interleaved into two selector
-    words (even codes: a0 b0 a2 b2 a4 b4 a6 b6; odd codes likewise), each looked up 4 nibbles at a time in the
-    8-entry signed byte tables and the low / high bytes interleaved into (a, b) fp16 pairs."""
-    lines = _spread3_lines("$8", "na") + _spread3_lines("$9", "nb")
-    lines += ["shl.b32 t, nb, 4;", "and.b32 se, na, 0x0F0F0F0F;", "and.b32 t, t, 0xF0F0F0F0;", "or.b32 se, se, t;",
-              "shr.u32 t, na, 4;", "and.b32 so, t, 0x0F0F0F0F;", "and.b32 t, nb, 0xF0F0F0F0;", "or.b32 so, so, t;"]
+def _pair3_lookup_lines(na: str, nb: str, outs: list[str], tables: tuple[str, str, str, str]) -> list[str]:
+    """Lines that look up the 3-bit codes spread to the nibbles of ``na`` and ``nb`` (two words A and B: code k at bit
+    4k) in the 8-entry signed byte tables ``tables`` and write the fp16 pair (code k of A, code k of B) to
+    ``outs[k]`` (k < len(outs), 6 or 8): their nibbles are interleaved into two selector words (even codes:
+    a0 b0 a2 b2 a4 b4 a6 b6; odd codes likewise), each looked up 4 nibbles at a time and the low / high bytes
+    interleaved into (a, b) fp16 pairs."""
+    lo0, lo1, hi0, hi1 = tables
+    lines = [f"shl.b32 t, {nb}, 4;", f"and.b32 se, {na}, 0x0F0F0F0F;", "and.b32 t, t, 0xF0F0F0F0;",
+             "or.b32 se, se, t;", f"shr.u32 t, {na}, 4;", "and.b32 so, t, 0x0F0F0F0F;",
+             f"and.b32 t, {nb}, 0xF0F0F0F0;", "or.b32 so, so, t;"]
     for selector, first in (("se", 0), ("so", 1)):  # codes 2i + first
         for half in (0, 1):
             sel = selector if half == 0 else "s"
             if half:
                 lines.append(f"shr.u32 s, {selector}, 16;")
             c = first + 4 * half  # codes c and c + 2 of both words from this selector's 4 nibbles
-            lines += [f"prmt.b32 lo, $10, $12, {sel};", f"prmt.b32 hi, $14, $16, {sel};",
-                      f"prmt.b32 ${c}, lo, hi, 0x5140;", f"prmt.b32 ${c + 2}, lo, hi, 0x7362;"]
+            lines += [f"prmt.b32 lo, {lo0}, {lo1}, {sel};", f"prmt.b32 hi, {hi0}, {hi1}, {sel};",
+                      f"prmt.b32 {outs[c]}, lo, hi, 0x5140;"]
+            if c + 2 < len(outs):
+                lines.append(f"prmt.b32 {outs[c + 2]}, lo, hi, 0x7362;")
     return lines
+
+
+def _pair3_lines() -> list[str]:
+    """Lines of :data:`PRMT_PAIR3`: both group words spread to nibbles, then :func:`_pair3_lookup_lines`."""
+    return (_spread3_lines("$8", "na") + _spread3_lines("$9", "nb")
+            + _pair3_lookup_lines("na", "nb", [f"${c}" for c in range(8)], ("$10", "$12", "$14", "$16")))
 
 
 # One invocation (``pack=2``): two 24-bit group words A ($8) and B ($9) of 8 3-bit codes each (code k at bit 3k) ->
@@ -335,6 +354,27 @@ def _pair3_lines() -> list[str]:
 # table. The pairs are what a register MMA operand holds (:data:`PRMT_PAIR4`).
 PRMT_PAIR3 = tl.constexpr("{\n.reg .b32 na, nb, se, so, s, lo, hi, t;\n" + "\n".join(_pair3_lines()) + "\n}")
 PRMT_PAIR3_CONSTRAINTS = PRMT_PAIR4_CONSTRAINTS
+
+
+def _pair43_lines() -> list[str]:
+    """Lines of :data:`PRMT_PAIR43`: the two 4-bit codes of A and B joined in one register (A's byte 0 as byte 0, B's
+    as byte 2: codes 0, 1 and 4, 5 of :func:`_nibble_pair_lines`, which writes the pairs (A_0, B_0), (A_1, B_1)),
+    then the six 3-bit codes of each shifted down, spread to nibbles and looked up as in :data:`PRMT_PAIR3`."""
+    four = _with_tables(["prmt.b32 x, $8, $9, 0x5440;", *_nibble_pair_lines("x", ["$0", "$1"])],
+                        ("$10", "$12", "$14", "$16"))
+    three = (["shr.u32 x, $8, 8;", *_spread3_lines("x", "na"), "shr.u32 x, $9, 8;", *_spread3_lines("x", "nb")]
+             + _pair3_lookup_lines("na", "nb", [f"${c}" for c in range(2, 8)], ("$18", "$20", "$22", "$24")))
+    return four + three
+
+
+# One invocation (``pack=2``): two *split slots* A ($8) and B ($9), each the 8 codes of one slot of a stream split
+# into 4-bit outlier channels and 3-bit others (the 3.5-bit preset; ``_mma``'s split layouts): codes 0 and 1 4-bit
+# at bits 0-7, codes 2..7 3-bit at bits 8 + 3(c - 2) -> $c = the fp16 pair (code c of A, code c of B) as PRMT_PAIR4
+# writes it; $10, $12, $14, $16: the 4-bit codebook's magnitude byte tables, $18, $20, $22, $24: the 3-bit
+# codebook's signed ones (each scalar passed once per packed element).
+PRMT_PAIR43 = tl.constexpr("{\n.reg .b32 s, j, sel, lo, hi, r, t, x, na, nb, se, so;\n" + "\n".join(_pair43_lines())
+                           + "\n}")
+PRMT_PAIR43_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 18))
 
 
 @triton.jit

@@ -11,6 +11,14 @@ pairs) and hands the tile to ``mma_v2`` with no data movement (the conversions b
 tokens as columns). The unit is a *slot*, the 8 codes of 8 consecutive channels in one 32-bit register: a word of
 4-bit codes, or a 24-bit group of 3-bit codes cut out of the loaded words (:func:`key_slots`, :func:`value_slots`),
 so both widths share the layouts and the orders. Only rows of 128 channels (head_dim 128) are laid out here.
+
+A *split* stream (the 3.5-bit preset: 32 outlier channels at 4 bits, then 96 at 3, two code rows with their own
+norms; ``BITS ==`` :data:`SPLIT_43`) uses the same fragments with every slot mixed: codes 0 and 1 of a slot are two
+4-bit outlier codes, codes 2..7 six 3-bit codes (:data:`~turboquant.kernels._decode.PRMT_PAIR43` decodes a pair of
+such slots). The outliers then fill whole MMA blocks (key reduction positions k with ``k & 0x30 == 0``, value rows
+m < 32), so the kernel weights them by their own norm with a second product rather than a per-element scale:
+:func:`split_key_slots`, :func:`split_value_slots`, and the ``split`` channel orders, whose entries index the
+stream's rotated channels (the outlier group's first).
 """
 from __future__ import annotations
 
@@ -20,7 +28,14 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ._decode import PRMT_PAIR3, PRMT_PAIR3_CONSTRAINTS, PRMT_PAIR4, PRMT_PAIR4_CONSTRAINTS
+from ._decode import (
+    PRMT_PAIR3,
+    PRMT_PAIR3_CONSTRAINTS,
+    PRMT_PAIR4,
+    PRMT_PAIR4_CONSTRAINTS,
+    PRMT_PAIR43,
+    PRMT_PAIR43_CONSTRAINTS,
+)
 
 MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]))
 OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA.value, k_width=2))
@@ -28,25 +43,50 @@ OPERAND_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MMA.value, 
 ROWS = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]))  # a plain one-warp layout for small loads
 
 HEAD_DIM = 128
+SPLIT_BITS = 43  # the BITS of a split stream: 32 outlier channels at 4 bits, 96 at 3 (module docstring)
+SPLIT_43 = gl.constexpr(SPLIT_BITS)
+SPLIT_OUTLIERS = gl.constexpr(32)
+SPLIT_LAYOUT = ((32, 4), (96, 3))  # (channels, bits) of a split stream's groups, outliers first
+
+def _key_slot_channel(slot: torch.Tensor, c: torch.Tensor, split: bool) -> torch.Tensor:
+    """Stream channel of code ``c`` of key slot ``slot`` = 4t + i (lane t, its slot i). One group: the slot is word
+    4t + i, channels 8 slot + c. Split: codes 0, 1 are byte i of outlier word t (outlier channels 8t + 2i + c),
+    codes 2..7 the 3-bit codes 6i + c - 2 of lane t's 24 (channels 32 + 24t + 6i + c - 2)."""
+    if not split:
+        return 8 * slot + c
+    t, i = slot >> 2, slot & 3
+    return torch.where(c < 2, 8 * t + 2 * i + c, 32 + 24 * t + 6 * i + c - 2)
+
+
+def _value_slot_channel(slot: torch.Tensor, c: torch.Tensor, split: bool) -> torch.Tensor:
+    """Stream channel of code ``c`` of value slot ``slot`` = 2g + w (lane group g, its slot w). One group: word 2g + w,
+    channels 8 slot + c. Split: codes 0, 1 are byte w of half g & 1 of outlier word g >> 1 (outlier channels
+    4g + 2w + c), codes 2..7 the 3-bit codes 6w + c - 2 of lane group g's 12 (channels 32 + 12g + 6w + c - 2)."""
+    if not split:
+        return 8 * slot + c
+    g, w = slot >> 1, slot & 1
+    return torch.where(c < 2, 4 * g + 2 * w + c, 32 + 12 * g + 6 * w + c - 2)
+
 
 @functools.cache
-def key_channel_order(dim: int = HEAD_DIM, device: torch.device | str = "cpu") -> torch.Tensor:
+def key_channel_order(dim: int = HEAD_DIM, device: torch.device | str = "cpu", split: bool = False) -> torch.Tensor:
     """Rotated channel at each position k of the key reduction. With k = u0 + 2t + 8c + 64 u1, lane t of a fragment
-    decodes words 4t + 2 u1 + u0 of its token (channels 8 (4t + 2 u1 + u0) + c), and code c of that word lands at
-    position k: u0 is the pair a 32-bit operand register holds, t the lane, c and u1 the +8 column and the
-    16-column blocks of the fragment. Made once per ``device`` (a CUDA-graph capture may index with it) and
-    shared: not to be modified."""
+    decodes slots 4t + 2 u1 + u0 of its token, and code c of that slot lands at position k: u0 is the pair a 32-bit
+    operand register holds, t the lane, c and u1 the +8 column and the 16-column blocks of the fragment (one group:
+    channels 8 (4t + 2 u1 + u0) + c; ``split``: :func:`_key_slot_channel`). Made once per ``device`` (a CUDA-graph
+    capture may index with it) and shared: not to be modified."""
     k = torch.arange(dim)
     u0, t, c, u1 = k & 1, (k >> 1) & 3, (k >> 3) & 7, k >> 6
-    return (8 * (4 * t + 2 * u1 + u0) + c).to(device)
+    return _key_slot_channel(4 * t + 2 * u1 + u0, c, split).to(device)
 
 
 @functools.cache
-def value_channel_order(dim: int = HEAD_DIM, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Rotated channel of each output row m of the value product. With m = g + 8w + 16c, lane group g decodes words
-    2g + w of a token (channels 16g + 8w + c), and code c of word w is row m. Made once per ``device``, shared."""
+def value_channel_order(dim: int = HEAD_DIM, device: torch.device | str = "cpu", split: bool = False) -> torch.Tensor:
+    """Rotated channel of each output row m of the value product. With m = g + 8w + 16c, lane group g decodes slots
+    2g + w of a token, and code c of slot w is row m (one group: channels 16g + 8w + c; ``split``:
+    :func:`_value_slot_channel`). Made once per ``device``, shared."""
     m = torch.arange(dim)
-    return (16 * (m & 7) + 8 * ((m >> 3) & 1) + (m >> 4)).to(device)
+    return _value_slot_channel(2 * (m & 7) + ((m >> 3) & 1), m >> 4, split).to(device)
 
 
 # How a decoded tile's axes become the MMA operand. PRMT_PAIR4's 8 outputs (code c of a word pair) are joined pairwise,
@@ -129,15 +169,99 @@ def value_slots(rows, tokens, tok_mask, slot, stride, BLOCK_N: gl.constexpr, BIT
 
 
 @gluon.jit
+def _lane_constant(like, column_values, BLOCK_N: gl.constexpr, PARTS: gl.constexpr):
+    """``column_values`` (one int32 per slot column) broadcast over ``like``'s tokens and cut like ``like`` is cut
+    into its slot registers: the first of the ``PARTS`` (2 or 4) registers per lane, in that register's layout."""
+    wide = gl.zeros_like(like) + column_values[None, :]
+    if PARTS == 2:
+        first, _ = gl.split(gl.reshape(wide, (BLOCK_N, 8, 2)))
+    else:
+        even, _ = gl.split(gl.reshape(wide, (BLOCK_N, 4, 2, 2)))
+        first, _ = gl.split(even)
+    return first
+
+
+@gluon.jit
+def _slot_word(outlier_byte, three_bits):
+    """A split slot (module docstring): two 4-bit codes in bits 0-7, six 3-bit codes (18 bits) above them."""
+    return (outlier_byte & 0xFF) | ((three_bits & 0x3FFFF) << 8)
+
+
+@gluon.jit
+def _funnel(low, high, shift):
+    """Bits ``shift .. shift + 31`` (``shift`` < 32, uint64) of the 64-bit word (``high``, ``low``), uint32."""
+    return (((high.to(gl.uint64) << 32) | low.to(gl.uint64)) >> shift).to(gl.uint32)
+
+
+@gluon.jit
+def split_key_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, stride, BLOCK_N: gl.constexpr):
+    """(BLOCK_N, 16) int32 split slots (``_key_slot_channel``) of a split key stream in :func:`key_words_layout`:
+    ``outlier_rows`` the 4-bit outlier rows (4 words), ``rows`` the 3-bit rows (9 words). Lane t loads outlier word t
+    and the 3-bit words 2t, 2t + 1, 2t + 2 (its 24 codes start at bit 8t of them) into slots 4t .. 4t + 3; slot i
+    is then byte i of the outlier word and the 18 bits at 8t + 18i of the three."""
+    i = slot & 3
+    t = slot >> 2
+    live = tok_mask[:, None]
+    base = gl.where((i == 0)[None, :], outlier_rows + tokens.to(gl.int64)[:, None] * outlier_stride + t[None, :],
+                    rows + tokens.to(gl.int64)[:, None] * stride + (2 * t + i - 1)[None, :])
+    loaded = gl.load(base, mask=live, other=0).to(gl.uint32, bitcast=True)
+    even, odd = gl.split(gl.reshape(loaded, (BLOCK_N, 4, 2, 2)))  # token, t, i1, i0
+    outlier, w1 = gl.split(even)  # i = 0: outlier word t; i = 2: 3-bit word 2t + 1
+    w0, w2 = gl.split(odd)  # i = 1, 3: 3-bit words 2t, 2t + 2
+    shift = _lane_constant(loaded, 8 * t, BLOCK_N, 4).to(gl.uint64)
+    x0 = _funnel(w0, w1, shift)  # bits 8t .. 8t + 31 of the three words, then 8t + 32 .., 8t + 64 ..
+    x1 = _funnel(w1, w2, shift)
+    x2 = w2 >> shift.to(gl.uint32)
+    s0 = _slot_word(outlier, x0)
+    s1 = _slot_word(outlier >> 8, (x0 >> 18) | (x1 << 14))
+    s2 = _slot_word(outlier >> 16, x1 >> 4)
+    s3 = _slot_word(outlier >> 24, (x1 >> 22) | (x2 << 10))
+    words = gl.reshape(gl.join(gl.join(s0, s2), gl.join(s1, s3)), (BLOCK_N, 16)).to(gl.int32, bitcast=True)
+    return gl.convert_layout(words, key_words_layout(BLOCK_N), assert_trivial=True)
+
+
+@gluon.jit
+def split_value_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, stride, BLOCK_N: gl.constexpr):
+    """(BLOCK_N, 16) int32 split slots (``_value_slot_channel``) of a split value stream in
+    ``value_words_layout(BLOCK_N, False)``. Lane group g loads the 3-bit words g and g + 1 (its 12 codes start at bit
+    4g) and outlier word g >> 1 (its 4 outlier codes are half g & 1 of it); slot w is then byte w of that half and
+    the 18 bits at 4g + 18w of the two 3-bit words."""
+    g = slot >> 1
+    w = slot & 1
+    token_rows = tokens.to(gl.int64)[:, None]
+    live = tok_mask[:, None]
+    pair = gl.load(rows + token_rows * stride + (g + w)[None, :], mask=live, other=0).to(gl.uint32, bitcast=True)
+    outlier = gl.load(outlier_rows + token_rows * outlier_stride + (g >> 1)[None, :], mask=live & (w == 0)[None, :],
+                      other=0).to(gl.uint32, bitcast=True)
+    low, high = gl.split(gl.reshape(pair, (BLOCK_N, 8, 2)))
+    outlier, _ = gl.split(gl.reshape(outlier, (BLOCK_N, 8, 2)))
+    shift = _lane_constant(pair, 4 * g, BLOCK_N, 2).to(gl.uint64)
+    half = outlier >> _lane_constant(pair, 16 * (g & 1), BLOCK_N, 2).to(gl.uint32)
+    x0 = _funnel(low, high, shift)  # bits 4g .. 4g + 31 of the two words, then 4g + 32 ..
+    x1 = high >> shift.to(gl.uint32)
+    s0 = _slot_word(half, x0)
+    s1 = _slot_word(half >> 8, (x0 >> 18) | (x1 << 14))
+    words = gl.reshape(gl.join(s0, s1), (BLOCK_N, 16)).to(gl.int32, bitcast=True)
+    return gl.convert_layout(words, value_words_layout(BLOCK_N, False), assert_trivial=True)
+
+
+@gluon.jit
 def _decode_pairs(words, tables, BITS: gl.constexpr):
-    """The 8 code planes of slot pairs (consecutive registers of ``words``): fp16 tensors of ``words``' shape."""
+    """The 8 code planes of slot pairs (consecutive registers of ``words``): fp16 tensors of ``words``' shape.
+    ``tables``: the codebook's 4 byte tables (``_decode.prmt_byte_tables``); for :data:`SPLIT_43`, the outlier
+    codebook's 4 then the 3-bit codebook's 4."""
     if BITS == 4:
         planes = gl.inline_asm_elementwise(PRMT_PAIR4, PRMT_PAIR4_CONSTRAINTS,
                                            [words, tables[0], tables[1], tables[2], tables[3]],
                                            dtype=(gl.float16,) * 8, is_pure=True, pack=2)
-    else:
+    elif BITS == 3:
         planes = gl.inline_asm_elementwise(PRMT_PAIR3, PRMT_PAIR3_CONSTRAINTS,
                                            [words, tables[0], tables[1], tables[2], tables[3]],
+                                           dtype=(gl.float16,) * 8, is_pure=True, pack=2)
+    else:
+        planes = gl.inline_asm_elementwise(PRMT_PAIR43, PRMT_PAIR43_CONSTRAINTS,
+                                           [words, tables[0], tables[1], tables[2], tables[3], tables[4], tables[5],
+                                            tables[6], tables[7]],
                                            dtype=(gl.float16,) * 8, is_pure=True, pack=2)
     return planes
 
@@ -157,9 +281,29 @@ def decoded_keys(words, tables, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
 
 
 @gluon.jit
+def _value_tile(x, BLOCK_N: gl.constexpr):
+    """Joined value planes (:func:`_join_planes`) -> (128, BLOCK_N) fp16 in the A layout, rows in
+    :func:`value_channel_order`."""
+    x = gl.permute(gl.reshape(x, (BLOCK_N, 8, 2, 2, 2, 2)), VALUE_AXES.value)
+    return gl.convert_layout(gl.reshape(x, (128, BLOCK_N)), OPERAND_A, assert_trivial=True)
+
+
+@gluon.jit
 def decoded_values(words, tables, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
     """(BLOCK_N, 16) value slots -> (128, BLOCK_N) fp16 in the A layout, rows in :func:`value_channel_order`."""
     words = gl.convert_layout(words, value_words_layout(BLOCK_N, True), assert_trivial=True)
-    x = _join_planes(_decode_pairs(words, tables, BITS))
-    x = gl.permute(gl.reshape(x, (BLOCK_N, 8, 2, 2, 2, 2)), VALUE_AXES.value)
-    return gl.convert_layout(gl.reshape(x, (128, BLOCK_N)), OPERAND_A, assert_trivial=True)
+    return _value_tile(_join_planes(_decode_pairs(words, tables, BITS)), BLOCK_N)
+
+
+@gluon.jit
+def decoded_split_values(words, tables, BLOCK_N: gl.constexpr):
+    """(BLOCK_N, 16) split value slots -> the outlier rows (32, BLOCK_N) (rows m < 32 of the value order: codes 0 and
+    1 of every slot) and the (128, BLOCK_N) tile whose rows m < 32 are zero, both fp16 in the A layout: two products
+    so that each group's rows are weighted by its own norm."""
+    words = gl.convert_layout(words, value_words_layout(BLOCK_N, True), assert_trivial=True)
+    v = _decode_pairs(words, tables, SPLIT_43)
+    outliers = gl.permute(gl.reshape(gl.join(v[0], v[1]), (BLOCK_N, 8, 2, 2)), (3, 2, 1, 0))  # (c0 w g, token)
+    outliers = gl.convert_layout(gl.reshape(outliers, (32, BLOCK_N)), OPERAND_A, assert_trivial=True)
+    zero = gl.zeros_like(v[0])
+    rest = _join_planes((zero, zero, v[2], v[3], v[4], v[5], v[6], v[7]))
+    return outliers, _value_tile(rest, BLOCK_N)

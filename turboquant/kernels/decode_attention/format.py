@@ -101,17 +101,31 @@ class CacheFormat:
         device on first use only (a format built once serves every later launch and CUDA-graph replay)."""
         return all(symmetric_codebook(table) for table in (*self.key_tables, *self.value_tables))
 
+    @property
+    def mma_split(self) -> bool:
+        """Both streams split as the 3.5-bit preset splits them (:data:`turboquant.kernels._mma.SPLIT_LAYOUT`: 32
+        outlier channels at 4 bits, 96 at 3), the split layout the register-operand kernel reads."""
+        from .._mma import SPLIT_LAYOUT
+
+        return all(tuple((g.dim, g.bits) for g in groups) == SPLIT_LAYOUT
+                   for groups in (self.key_groups, self.value_groups))
+
     def mma_unsupported(self, n_heads: int, n_kv_heads: int) -> str | None:
         """Why the register-operand kernel (:mod:`.mma`) cannot read this format with this GQA shape, or None: it
-        reads one TurboQuant_mse group per stream, 3- or 4-bit keys and values of :data:`MMA_HEAD_DIM` channels with
-        symmetric codebooks, GQA groups of at most :data:`MMA_MAX_GROUP` query heads."""
+        reads TurboQuant_mse keys and values of :data:`MMA_HEAD_DIM` channels with symmetric codebooks, one 3- or
+        4-bit channel group per stream or both streams split as the 3.5-bit preset (32 outlier channels at 4 bits,
+        96 at 3), GQA groups of at most :data:`MMA_MAX_GROUP` query heads."""
         groups = (*self.key_groups, *self.value_groups)
-        if len(self.key_groups) != 1 or len(self.value_groups) != 1:
-            return "the register-operand kernel reads one channel group per stream"
-        if any(g.bits not in (3, 4) or g.sketch is not None for g in groups):
-            return "the register-operand kernel reads 3- and 4-bit TurboQuant_mse keys and values"
+        if any(g.sketch is not None for g in groups):
+            return "the register-operand kernel reads TurboQuant_mse keys (no QJL stage)"
         if self.head_dim != MMA_HEAD_DIM:
             return f"the register-operand kernel reads head_dim {MMA_HEAD_DIM}, not {self.head_dim}"
+        if len(self.key_groups) == 1 and len(self.value_groups) == 1:
+            if any(g.bits not in (3, 4) for g in groups):
+                return "the register-operand kernel reads 3- and 4-bit TurboQuant_mse keys and values"
+        elif not self.mma_split:
+            return ("the register-operand kernel reads one channel group per stream, or both streams split into "
+                    "32 outlier channels at 4 bits and 96 at 3 (the 3.5-bit preset)")
         if n_heads // n_kv_heads > MMA_MAX_GROUP:
             return f"the register-operand kernel serves GQA groups of at most {MMA_MAX_GROUP} query heads"
         if not self.symmetric:
@@ -120,29 +134,34 @@ class CacheFormat:
 
     @cached_property
     def mma_query_map(self) -> torch.Tensor:
-        """(head_dim, head_dim) float32: ``q_P @ this`` is the rotated query ``Pi q`` in the register-operand
-        kernel's key order (:func:`.mma.key_channel_order`); one key group."""
+        """(head_dim, head_dim) float32: ``q_P @ this`` is the rotated query ``blockdiag(Pi_0, Pi_1) q`` in the
+        register-operand kernel's key order (:func:`.mma.key_channel_order`)."""
         from .._mma import key_channel_order
 
-        rotation = self.key_groups[0].rotation.to(self.query_map.device, torch.float32)
-        return rotation.T[:, key_channel_order(self.head_dim, rotation.device)].contiguous()
+        device = self.query_map.device
+        rotation = _block_diag([g.rotation.to(device, torch.float32) for g in self.key_groups])
+        return rotation.T[:, key_channel_order(self.head_dim, device, self.mma_split)].contiguous()
 
     @cached_property
     def mma_value_rows(self) -> torch.Tensor:
         """int32 (head_dim,): the rotated value channel of each output row of the register-operand kernel."""
         from .._mma import value_channel_order
 
-        return value_channel_order(self.head_dim, self.query_map.device).to(torch.int32)
+        return value_channel_order(self.head_dim, self.query_map.device, self.mma_split).to(torch.int32)
 
     @property
     def mma_bits(self) -> tuple[int, int]:
-        """The key and value code widths the register-operand kernel compiles for (one group per stream)."""
-        return self.key_groups[0].bits, self.value_groups[0].bits
+        """The key and value code widths the register-operand kernel compiles for (``_mma.SPLIT_BITS`` for split
+        streams)."""
+        from .._mma import SPLIT_BITS
+
+        return (SPLIT_BITS, SPLIT_BITS) if self.mma_split else (self.key_groups[0].bits, self.value_groups[0].bits)
 
     @cached_property
     def mma_tables(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The key and value codebooks' byte tables (``_decode.prmt_byte_tables``), read back once."""
-        return prmt_byte_tables(self.key_tables[0]), prmt_byte_tables(self.value_tables[0])
+        """The key and value codebooks' byte tables (``_decode.prmt_byte_tables``, each stream's groups in order),
+        read back once."""
+        return (sum(map(prmt_byte_tables, self.key_tables), ()), sum(map(prmt_byte_tables, self.value_tables), ()))
 
     @property
     def head_dim(self) -> int:

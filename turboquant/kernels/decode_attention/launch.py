@@ -182,7 +182,7 @@ def decode_attention_groups_triton(
         from .mma import mma_split
 
         q_rot = (q_keyed @ cache_format.mma_query_map).to(torch.float16)
-        mma_split(q_rot, keys[0], values[0], seq_lens, cache_format, part_out, part_lse, tokens_per_split,
+        mma_split(q_rot, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split,
                   plan.block_n, scale * math.log2(math.e), num_stages > 1)
     else:
         _tiles_split(q_keyed, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split, scale,

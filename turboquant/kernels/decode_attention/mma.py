@@ -1,14 +1,21 @@
 """The split kernel of decode attention with the decoded codes as register operands of ``mma.sync`` (Gluon).
 
-Same math as :mod:`.kernel` (the package docstring), for the layout it serves
-(:meth:`CacheFormat.mma_unsupported`): one TurboQuant_mse channel group per stream, 3- or 4-bit keys and values,
-head_dim 128, a GQA group of at most 16 query heads. One program is one warp and owns (batch row, KV head, split);
+Same math as :mod:`.kernel` (the package docstring), for the layouts it serves
+(:meth:`CacheFormat.mma_unsupported`): one TurboQuant_mse channel group per stream, 3- or 4-bit keys and values, or
+both streams split as the 3.5-bit preset splits them (32 outlier channels at 4 bits, 96 at 3); head_dim 128, a GQA
+group of at most 16 query heads. One program is one warp and owns (batch row, KV head, split);
 per tile of ``BLOCK_N`` tokens it computes
 
     s^T = K~ Q^T           (BLOCK_N, H):   A = the decoded keys (tokens x channels), B = the rotated queries
     o^T += V~^T (p n_V)^T  (128, H):       A = the decoded values (channels x tokens), B = the probabilities
 
-with ``mma.m16n8k16`` (fp16 operands, fp32 accumulation), H the GQA group padded to 8 or 16. Both A operands are
+with ``mma.m16n8k16`` (fp16 operands, fp32 accumulation), H the GQA group padded to 8 or 16. A split stream
+(``SPLIT``) has two norms per token: its outlier codes fill whole MMA blocks (``turboquant.kernels._mma``), so
+
+    s^T = n_0 (K~ Q_0^T) + n_1 (K~ Q_1^T)      Q_0 / Q_1: the query with the other group's positions zero
+    o^T += V~_0^T (p n_V0)^T  (outlier rows),   V~_1^T (p n_V1)^T  (the others)
+
+one decode of each tile, a second (cheap) MMA per stream instead of a per-element scale. Both A operands are
 decoded in registers in the layout the instruction reads them from (:mod:`turboquant.kernels._mma`), so no decoded
 tile is written to shared memory. The host gathers the rotated query in the key order
 (:attr:`CacheFormat.mma_query_map`), and the kernel writes output row m to rotated channel
@@ -17,6 +24,7 @@ tile is written to shared memory. The host gathers the rotated query in the key 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,10 +37,16 @@ from .._mma import (
     MMA,
     OPERAND_B,
     ROWS,
+    SPLIT_43,
+    SPLIT_BITS,
+    SPLIT_OUTLIERS,
     decoded_keys,
+    decoded_split_values,
     decoded_values,
     key_slots,
     key_words_layout,
+    split_key_slots,
+    split_value_slots,
     value_slots,
     value_words_layout,
 )
@@ -43,36 +57,49 @@ if TYPE_CHECKING:
 
 
 @gluon.jit
-def _load_tile(k_words, v_words, k_norms, v_norms, n0, end, k_tok, k_slot, v_tok, v_slot, s_tok, k_strides, v_strides,
-               kn_strides, vn_strides, BLOCK_N: gl.constexpr, KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr):
+def _load_tile(k_words, v_words, k_norms, v_norms, k0_words, v0_words, k0_norms, v0_norms, n0, end, k_tok, k_slot,
+               v_tok, v_slot, s_tok, k_strides, v_strides, kn_strides, vn_strides, k0_strides, v0_strides,
+               kn0_strides, vn0_strides, BLOCK_N: gl.constexpr, KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr,
+               SPLIT: gl.constexpr):
     """The key and value slots (in their fragment layouts) and float32 norms of tokens ``n0 .. n0 + BLOCK_N - 1``
-    (zero past ``end``)."""
+    (zero past ``end``); with ``SPLIT`` also the outlier groups' norms (``k0_*``, ``v0_*``: the outlier rows)."""
     kt = n0 + k_tok
-    kw = key_slots(k_words, kt, kt < end, k_slot, k_strides[2], BLOCK_N, KEY_BITS)
     vt = n0 + v_tok
-    vw = value_slots(v_words, vt, vt < end, v_slot, v_strides[2], BLOCK_N, VALUE_BITS)
     st = n0 + s_tok
     kn = gl.load(k_norms + st * kn_strides[2], mask=st < end, other=0.0).to(gl.float32)
     vn = gl.load(v_norms + st * vn_strides[2], mask=st < end, other=0.0).to(gl.float32)
-    return kw, vw, kn, vn
+    if SPLIT:
+        kw = split_key_slots(k0_words, k_words, kt, kt < end, k_slot, k0_strides[2], k_strides[2], BLOCK_N)
+        vw = split_value_slots(v0_words, v_words, vt, vt < end, v_slot, v0_strides[2], v_strides[2], BLOCK_N)
+        kn0 = gl.load(k0_norms + st * kn0_strides[2], mask=st < end, other=0.0).to(gl.float32)
+        vn0 = gl.load(v0_norms + st * vn0_strides[2], mask=st < end, other=0.0).to(gl.float32)
+    else:
+        kw = key_slots(k_words, kt, kt < end, k_slot, k_strides[2], BLOCK_N, KEY_BITS)
+        vw = value_slots(v_words, vt, vt < end, v_slot, v_strides[2], BLOCK_N, VALUE_BITS)
+        kn0 = gl.zeros_like(kn)
+        vn0 = kn0
+    return kw, vw, kn, vn, kn0, vn0
 
 
 @gluon.jit
 def mma_split_kernel(
-    q_ptr, k_words_ptr, k_norms_ptr, v_words_ptr, v_norms_ptr, value_rows_ptr, seq_lens_ptr, part_out_ptr,
-    part_lse_ptr, k_tables, v_tables, tokens_per_split, q_strides, k_strides, kn_strides, v_strides, vn_strides,
+    q_ptr, k_words_ptr, k_norms_ptr, v_words_ptr, v_norms_ptr, k0_words_ptr, k0_norms_ptr, v0_words_ptr,
+    v0_norms_ptr, value_rows_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr, k_tables, v_tables, tokens_per_split,
+    q_strides, k_strides, kn_strides, v_strides, vn_strides, k0_strides, kn0_strides, v0_strides, vn0_strides,
     part_strides, lse_strides, scale_log2,
     GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, PREFETCH: gl.constexpr,
     KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr,
 ):
     """One (batch row, KV head, split), one warp. ``q_ptr``: (batch, query heads, 128) fp16 rotated queries in
     :func:`key_channel_order`; ``k_words_ptr`` / ``v_words_ptr``: the packed code rows as int32 words, strides in
-    words, ``KEY_BITS`` / ``VALUE_BITS`` their code widths (3 or 4: :func:`~turboquant.kernels._mma.key_slots`);
-    ``value_rows_ptr``: :func:`value_channel_order` (int32); ``*_tables``: the codebooks' byte tables (4 int32,
-    ``_decode.prmt_byte_tables``). Writes the split's normalized output, rotated, and its
-    log2-sum-exp, as :func:`.kernel.decode_split_kernel` does. ``PREFETCH``: the next tile's loads are issued
-    before the current tile is decoded (a register double buffer; Triton does not pipeline loads whose consumer is
-    inline assembly)."""
+    words, ``KEY_BITS`` / ``VALUE_BITS`` their code widths (3 or 4: :func:`~turboquant.kernels._mma.key_slots`), or
+    :data:`~turboquant.kernels._mma.SPLIT_43` for both: split streams, ``k_*`` / ``v_*`` then the 3-bit groups and
+    ``k0_*`` / ``v0_*`` the 4-bit outlier groups (unread otherwise); ``value_rows_ptr``: :func:`value_channel_order`
+    (int32); ``*_tables``: the codebooks' byte tables (4 int32 per codebook, ``_decode.prmt_byte_tables``; the
+    outlier codebook's first). Writes the split's normalized output, rotated, and its log2-sum-exp, as
+    :func:`.kernel.decode_split_kernel` does. ``PREFETCH``: the next tile's loads are issued before the current tile
+    is decoded (a register double buffer; Triton does not pipeline loads whose consumer is inline assembly)."""
+    SPLIT: gl.constexpr = KEY_BITS == SPLIT_43
     b = gl.program_id(0).to(gl.int64)
     kv_head = gl.program_id(1)
     split = gl.program_id(2)
@@ -84,6 +111,10 @@ def mma_split_kernel(
     h_cols = gl.arange(0, HEADS, layout=gl.SliceLayout(0, ROWS))
     q_t = gl.load(q_ptr + b * q_strides[0] + (kv_head * GROUP + h_cols)[None, :] * q_strides[1] + k_rows[:, None],
                   mask=(h_cols < GROUP)[None, :], other=0.0)
+    if SPLIT:  # the outlier positions of the key order are k & 0x30 == 0 (turboquant.kernels._mma)
+        outlier_k = ((k_rows & 0x30) == 0)[:, None]
+        q0_t = gl.convert_layout(gl.where(outlier_k, q_t, 0.0), OPERAND_B)
+        q_t = gl.where(outlier_k, 0.0, q_t)
     q_t = gl.convert_layout(q_t, OPERAND_B)
 
     KEY_WORDS: gl.constexpr = key_words_layout(BLOCK_N)
@@ -97,64 +128,102 @@ def mma_split_kernel(
     v_words = v_words_ptr + b * v_strides[0] + kv_head * v_strides[1]
     k_norms = k_norms_ptr + b * kn_strides[0] + kv_head * kn_strides[1]
     v_norms = v_norms_ptr + b * vn_strides[0] + kv_head * vn_strides[1]
+    k0_words = k0_words_ptr + b * k0_strides[0] + kv_head * k0_strides[1]
+    v0_words = v0_words_ptr + b * v0_strides[0] + kv_head * v0_strides[1]
+    k0_norms = k0_norms_ptr + b * kn0_strides[0] + kv_head * kn0_strides[1]
+    v0_norms = v0_norms_ptr + b * vn0_strides[0] + kv_head * vn0_strides[1]
 
     m_i = gl.full((HEADS,), float("-inf"), gl.float32, layout=gl.SliceLayout(0, MMA))
     l_i = gl.zeros((HEADS,), gl.float32, layout=gl.SliceLayout(0, MMA))
     acc = gl.zeros((128, HEADS), gl.float32, layout=MMA)
+    acc0 = gl.zeros((SPLIT_OUTLIERS, HEADS), gl.float32, layout=MMA)  # split: the outlier rows (unused otherwise)
     if PREFETCH:
-        kw, vw, kn, vn = _load_tile(k_words, v_words, k_norms, v_norms, start, end, k_tok, k_slot, v_tok, v_slot, s_tok,
-                                    k_strides, v_strides, kn_strides, vn_strides, BLOCK_N, KEY_BITS, VALUE_BITS)
+        kw, vw, kn, vn, kn0, vn0 = _load_tile(
+            k_words, v_words, k_norms, v_norms, k0_words, v0_words, k0_norms, v0_norms, start, end, k_tok, k_slot,
+            v_tok, v_slot, s_tok, k_strides, v_strides, kn_strides, vn_strides, k0_strides, v0_strides, kn0_strides,
+            vn0_strides, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT)
     for n0 in range(start, end, BLOCK_N):
         if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic (past `end`: masked, no traffic)
-            next_tile = _load_tile(k_words, v_words, k_norms, v_norms, n0 + BLOCK_N, end, k_tok, k_slot, v_tok, v_slot,
-                                   s_tok, k_strides, v_strides, kn_strides, vn_strides, BLOCK_N, KEY_BITS, VALUE_BITS)
+            next_tile = _load_tile(
+                k_words, v_words, k_norms, v_norms, k0_words, v0_words, k0_norms, v0_norms, n0 + BLOCK_N, end, k_tok,
+                k_slot, v_tok, v_slot, s_tok, k_strides, v_strides, kn_strides, vn_strides, k0_strides, v0_strides,
+                kn0_strides, vn0_strides, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT)
         else:
-            kw, vw, kn, vn = _load_tile(k_words, v_words, k_norms, v_norms, n0, end, k_tok, k_slot, v_tok, v_slot,
-                                        s_tok, k_strides, v_strides, kn_strides, vn_strides, BLOCK_N, KEY_BITS,
-                                        VALUE_BITS)
+            kw, vw, kn, vn, kn0, vn0 = _load_tile(
+                k_words, v_words, k_norms, v_norms, k0_words, v0_words, k0_norms, v0_norms, n0, end, k_tok, k_slot,
+                v_tok, v_slot, s_tok, k_strides, v_strides, kn_strides, vn_strides, k0_strides, v0_strides,
+                kn0_strides, vn0_strides, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT)
         live = n0 + s_tok < end
-        s = mma_v2(decoded_keys(kw, k_tables, BLOCK_N, KEY_BITS), q_t,
-                   gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA))
-        s = gl.where(live[:, None], s * (kn * scale_log2)[:, None], float("-inf"))
+        keys = decoded_keys(kw, k_tables, BLOCK_N, KEY_BITS)
+        s = mma_v2(keys, q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn[:, None]
+        if SPLIT:
+            s += mma_v2(keys, q0_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn0[:, None]
+        s = gl.where(live[:, None], s * scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[None, :])
         l_i = l_i * alpha + gl.sum(p, axis=0)
         p_t = gl.convert_layout((p * vn[:, None]).to(gl.float16), OPERAND_B)
-        acc = mma_v2(decoded_values(vw, v_tables, BLOCK_N, VALUE_BITS), p_t, acc * alpha[None, :])
+        if SPLIT:
+            outliers, rest = decoded_split_values(vw, v_tables, BLOCK_N)
+            acc = mma_v2(rest, p_t, acc * alpha[None, :])
+            p0_t = gl.convert_layout((p * vn0[:, None]).to(gl.float16), OPERAND_B)
+            acc0 = mma_v2(outliers, p0_t, acc0 * alpha[None, :])
+        else:
+            acc = mma_v2(decoded_values(vw, v_tables, BLOCK_N, VALUE_BITS), p_t, acc * alpha[None, :])
         m_i = m_new
         if PREFETCH:
-            kw, vw, kn, vn = next_tile
+            kw, vw, kn, vn, kn0, vn0 = next_tile
 
     has_tokens = l_i > 0
     inv_l = 1.0 / gl.where(has_tokens, l_i, 1.0)
     lse = gl.where(has_tokens, m_i + gl.log2(gl.where(has_tokens, l_i, 1.0)), float("-inf"))
-    rows = gl.load(value_rows_ptr + gl.arange(0, 128, layout=gl.SliceLayout(1, MMA)))
+    out_rows = gl.arange(0, 128, layout=gl.SliceLayout(1, MMA))
+    rows = gl.load(value_rows_ptr + out_rows)
     heads = gl.arange(0, HEADS, layout=gl.SliceLayout(0, MMA))
     live_heads = heads < GROUP
     heads = kv_head * GROUP + heads
     part = part_out_ptr + b * part_strides[0] + heads[None, :] * part_strides[1] + split * part_strides[2]
-    gl.store(part + rows[:, None], acc * inv_l[None, :], mask=live_heads[None, :])
+    if SPLIT:  # rows m < 32 of acc are zero: the outliers' are acc0's
+        gl.store(part + rows[:, None], acc * inv_l[None, :], mask=live_heads[None, :] & (out_rows >= SPLIT_OUTLIERS)[:, None])
+        outlier_rows = gl.load(value_rows_ptr + gl.arange(0, SPLIT_OUTLIERS, layout=gl.SliceLayout(1, MMA)))
+        gl.store(part + outlier_rows[:, None], acc0 * inv_l[None, :], mask=live_heads[None, :])
+    else:
+        gl.store(part + rows[:, None], acc * inv_l[None, :], mask=live_heads[None, :])
     gl.store(part_lse_ptr + b * lse_strides[0] + heads * lse_strides[1] + split, lse, mask=live_heads)
 
 
 def _words(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 (batch, kv_heads, tokens, 64) code rows as int32 words (a view; the rows must be 4-byte aligned)."""
+    """uint8 (batch, kv_heads, tokens, row bytes) code rows as int32 words (a view; the rows must be 4-byte
+    aligned)."""
     return codes.view(torch.int32)
 
 
-def mma_split(q_rot: torch.Tensor, keys: QuantizedVectors, values: QuantizedVectors, seq_lens: torch.Tensor,
-              cache_format: CacheFormat, part_out: torch.Tensor, part_lse: torch.Tensor, tokens_per_split: int,
-              block_n: int, scale_log2: float, prefetch: bool) -> None:
+def _stream_args(groups: Sequence[QuantizedVectors]) -> tuple:
+    """The kernel's arguments of one stream: (words, norms) of the group it decodes last (the only group, or the
+    3-bit group of a split stream), then of the outlier group (the same tensors again for one group: unread),
+    then the four stride tuples in the kernel's order."""
+    *outlier, main = groups
+    outlier = outlier[0] if outlier else main
+    words, outlier_words = _words(main.codes), _words(outlier.codes)
+    return ((words, main.norms, outlier_words, outlier.norms),
+            (words.stride()[:3], main.norms.stride(), outlier_words.stride()[:3], outlier.norms.stride()))
+
+
+def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors],
+              seq_lens: torch.Tensor, cache_format: CacheFormat, part_out: torch.Tensor, part_lse: torch.Tensor,
+              tokens_per_split: int, block_n: int, scale_log2: float, prefetch: bool) -> None:
     """Launch :func:`mma_split_kernel` over ``part_out`` (batch, query heads, splits, 128) / ``part_lse``.
-    ``q_rot``: (batch, query heads, 128) fp16 rotated queries in :func:`key_channel_order`."""
+    ``q_rot``: (batch, query heads, 128) fp16 rotated queries in the key order
+    (:attr:`CacheFormat.mma_query_map`); ``keys`` / ``values``: each stream's channel groups (outliers first)."""
     batch, n_heads, _ = q_rot.shape
-    n_kv_heads, num_splits = keys.codes.shape[1], part_out.shape[2]
-    k_words, v_words = _words(keys.codes), _words(values.codes)
+    n_kv_heads, num_splits = keys[0].codes.shape[1], part_out.shape[2]
+    (k, kn, k0, kn0), k_strides = _stream_args(keys)
+    (v, vn, v0, vn0), v_strides = _stream_args(values)
     mma_split_kernel[(batch, n_kv_heads, num_splits)](
-        q_rot, k_words, keys.norms, v_words, values.norms, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
-        cache_format.mma_tables[0], cache_format.mma_tables[1], tokens_per_split, q_rot.stride()[:2],
-        k_words.stride()[:3], keys.norms.stride(), v_words.stride()[:3], values.norms.stride(), part_out.stride()[:3],
+        q_rot, k, kn, v, vn, k0, kn0, v0, vn0, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
+        *cache_format.mma_tables, tokens_per_split, q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0],
+        v_strides[1], k_strides[2], k_strides[3], v_strides[2], v_strides[3], part_out.stride()[:3],
         part_lse.stride()[:2], scale_log2, **_meta(n_heads // n_kv_heads, block_n, prefetch, *cache_format.mma_bits),
     )
 
@@ -176,10 +245,12 @@ def resident_programs(device_index: int, group: int, block_n: int, prefetch: boo
 
     i32, f16, f32 = (MockTensor(t) for t in (torch.int32, torch.float16, torch.float32))
     words, norms = (1 << 20, 1 << 16, 16), (1 << 16, 1 << 12, 1)  # the specializations of a contiguous cache
+    tables = (3,) * (8 if bits[0] == SPLIT_BITS else 4)
     with torch.cuda.device(device_index):
         compiled = mma_split_kernel.warmup(
-            f16, i32, f16, i32, f16, i32, i32, f32, f32, (3, 3, 3, 3), (3, 3, 3, 3), 1024, (4096, 128), words,
-            norms, words, norms, words, (4096, 64), 1.0, grid=(1,), **_meta(group, block_n, prefetch, *bits))
+            f16, i32, f16, i32, f16, i32, f16, i32, f16, i32, i32, f32, f32, tables, tables, 1024, (4096, 128),
+            words, norms, words, norms, words, norms, words, norms, words, (4096, 64), 1.0, grid=(1,),
+            **_meta(group, block_n, prefetch, *bits))
         compiled._init_handles()  # loads the binary, which is when Triton reads its register count
     props = torch.cuda.get_device_properties(device_index)
     registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
