@@ -2,7 +2,8 @@
 # One device call of the kernel benchmarks (results/kernels/README.md), everything it returns under $OUT:
 #   bash scripts/h200_kernels.sh SET [PYTEST_SELECTION...]
 # SET: a configs/kernels_set/ name (e.g. session19). First the GPU kernel tests (default: the Gluon kernels' suites
-# and the static store's CUDA-graph tests, or the pytest arguments given), then `python3 run.py experiment=kernels +kernels_set=SET`, each under a budget
+# and the static store's CUDA-graph tests, not its CPU tests, whose cache= keyword the image's transformers 5.17 lacks;
+# or the pytest arguments given), then `python3 run.py experiment=kernels +kernels_set=SET`, each under a budget
 # (TEST_SECONDS, RUN_SECONDS) so that a hang still returns what finished. Wheels (hydra-core, omegaconf, antlr4,
 # platformdirs; not in the device image) are installed from .whl/ (carry it). $OUT receives gpu.txt (GPU, driver,
 # commit), pytest.txt, log.txt, kernels.md, results.csv and the run record (two folders deep at most).
@@ -13,13 +14,14 @@ shift
 [ -f "configs/kernels_set/$set_name.yaml" ] || { echo "no configs/kernels_set/$set_name.yaml" >&2; exit 2; }
 tests=("$@")
 [ ${#tests[@]} -gt 0 ] || tests=(tests/kernels/test_kernel_mma.py tests/kernels/test_kernel_quantize_wgmma.py
-                                 tests/kvcache/test_static_store.py)
+                                 tests/kvcache/test_static_store.py::test_decode_step_replays_in_a_cuda_graph
+                                 tests/kvcache/test_static_store.py::test_quantize_in_a_graph_records_extreme_rows)
 OUT=${OUT:?the device tool sets OUT}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheels missing: carry .whl/ (see this script's header)" >&2; exit 2; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; git rev-parse HEAD; } > "$OUT/gpu.txt" 2>&1
-timeout "${TEST_SECONDS:-150}" python3 -m pytest -q -k "not offline" "${tests[@]}" > "$OUT/pytest.txt" 2>&1
+timeout "${TEST_SECONDS:-150}" python3 -m pytest -v -rfE --tb=short -k "not offline" "${tests[@]}" > "$OUT/pytest.txt" 2>&1
 echo "pytest: exit $?"; tail -3 "$OUT/pytest.txt"
 timeout "${RUN_SECONDS:-300}" python3 run.py experiment=kernels "+kernels_set=$set_name" paths.results_dir=/tmp/kr \
   paths.figures_dir=/tmp/kr/figures > "$OUT/log.txt" 2>&1

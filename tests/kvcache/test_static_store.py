@@ -70,17 +70,55 @@ def test_static_cache_refusals(tiny_model, prompt_ids) -> None:
             tiny_model(prompt_ids[:, 20:21], cache=full)
 
 
-def test_padded_decode_is_refused(tiny_model, prompt_ids) -> None:
-    """A static store's step never tests a mask on the host (a graph could not): an attention mask is refused."""
+def _as_in_a_capture(monkeypatch) -> None:
+    """What a CUDA-graph capture changes for a decode step, on the CPU: the quantizers and the static store record
+    their tests on the device, and transformers builds the attention mask it skips outside graphs."""
+    import transformers.masking_utils
+
+    import turboquant as tq
+
+    monkeypatch.setattr(tq.quantizers, "_capturing", lambda: True)
+    monkeypatch.setattr(transformers.masking_utils, "is_tracing", lambda *args, **kwargs: True)
+
+
+def _padded_batch(prompt_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     ids = prompt_ids[:, :30].repeat(2, 1)
     mask = torch.ones_like(ids)
     mask[1, :5] = 0
+    return ids, mask, torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype, device=mask.device)], dim=-1)
+
+
+def test_padded_decode_is_refused(tiny_model, prompt_ids) -> None:
+    """The kernel has no per-token mask: a decode step whose mask hides a stored token is refused, and a mask that
+    hides nothing changes nothing (transformers masks a static store over its whole capacity, as its StaticLayer)."""
+    ids, mask, step_mask = _padded_batch(prompt_ids)
     cache = build_cache("turboquant", tiny_model.config, fused_decode=True, capacity=40)
     with torch.no_grad(), attach(tiny_model, cache):
         tiny_model(ids, attention_mask=mask, cache=cache)
-        step_mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype, device=mask.device)], dim=-1)
-        with pytest.raises(ValueError, match="unpadded batches"):
+        with pytest.raises(ValueError, match="unpadded batches.*hides a stored token"):
             tiny_model(ids[:, -1:], attention_mask=step_mask, cache=cache)
+    outputs = []
+    for step_mask in (None, torch.ones_like(step_mask)):
+        cache = build_cache("turboquant", tiny_model.config, fused_decode=True, capacity=40)
+        with torch.no_grad(), attach(tiny_model, cache):
+            tiny_model(ids, cache=cache)
+            outputs.append(tiny_model(ids[:, -1:], attention_mask=step_mask, cache=cache).logits)
+    assert torch.equal(*outputs)
+
+
+def test_a_padded_mask_met_in_a_graph_is_reported(tiny_model, prompt_ids, monkeypatch) -> None:
+    """Inside a capture the mask test is recorded on the device (the step runs on) and raised after the replays."""
+    ids, mask, step_mask = _padded_batch(prompt_ids)
+    cache = build_cache("turboquant", tiny_model.config, fused_decode=True, capacity=40)
+    with torch.no_grad(), attach(tiny_model, cache):
+        tiny_model(ids, attention_mask=mask, cache=cache)
+        tiny_model(ids[:, -1:], cache=cache)  # the warm-up, unmasked
+        _as_in_a_capture(monkeypatch)
+        tiny_model(ids[:, -1:], attention_mask=torch.cat([step_mask, step_mask[:, -1:]], dim=-1), cache=cache)
+        monkeypatch.undo()
+    with pytest.raises(ValueError, match="replayed CUDA graph's decode step ran under an attention mask"):
+        cache.layers[0].after_graph_replays()
+    cache.layers[0].after_graph_replays()  # the record was cleared
 
 
 def _called_from_triton() -> bool:
@@ -117,8 +155,9 @@ def test_a_static_decode_step_reads_no_tensor_on_the_host(tiny_model, prompt_ids
                     reads.append(f"{_name} at {os.path.relpath(caller.f_code.co_filename)}:{caller.f_lineno}")
                 return _original(self, *args, **kwargs)
             monkeypatch.setattr(torch.Tensor, name, guarded)
-        monkeypatch.setattr(tq.quantizers, "_capturing", lambda: True)  # as inside a capture
-        tiny_model(prompt_ids[:, PROMPT + 1:PROMPT + 2], position_ids=position, cache=cache)
+        _as_in_a_capture(monkeypatch)  # the mask transformers builds there included
+        tiny_model(prompt_ids[:, PROMPT + 1:PROMPT + 2], position_ids=position,
+                   attention_mask=torch.ones(1, PROMPT + 2, dtype=torch.long, device=DEVICE), cache=cache)
         monkeypatch.undo()
     assert reads == [], sorted(set(reads))
     cache.layers[0].after_graph_replays()  # no extreme row was met; the counts read back

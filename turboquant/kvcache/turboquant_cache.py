@@ -411,6 +411,7 @@ class TurboQuantLayer(StreamLayer):
         self.fused_decode, self.capacity = fused_decode, capacity
         self.fused = False  # set at the first update: fused_decode and the kernel runs on the device
         self._format: CacheFormat | None = None  # the kernel's constants, built at the first fused step
+        self._masked_in_graph: torch.Tensor | None = None  # static store: a captured step's mask hid a token
 
     def _initialize(self) -> None:
         config, d = self.config, self.head_dim
@@ -451,9 +452,7 @@ class TurboQuantLayer(StreamLayer):
         if self.awaiting is not None:
             raise RuntimeError(self.detach())
         self.check_states(key_states, value_states)
-        deferred = (self.is_initialized and self.fused and self.attached and key_states.shape[-2] == 1
-                    and self.stored_tokens() > 0)
-        if not deferred:
+        if not self._defers(key_states.shape[-2]):
             return super().update(key_states, value_states, *args, **kwargs)
         keys, values = self.key_stream, self.value_stream
         batch = key_states.shape[0]
@@ -465,16 +464,50 @@ class TurboQuantLayer(StreamLayer):
         self.awaiting = step
         return step.exact_keys, step.exact_values
 
+    def _defers(self, query_length: int) -> bool:
+        """Whether a step of ``query_length`` tokens is a fused decode step (its packed part read by the kernel)."""
+        return (self.is_initialized and self.fused and self.attached and query_length == 1
+                and self.stored_tokens() > 0)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """A static store's decode step is masked over the whole capacity, as transformers' ``StaticLayer`` is, so
+        that a mask built inside a captured graph covers every later replay (:meth:`_check_static_mask`)."""
+        if self.capacity is not None and self._defers(query_length):
+            return self.capacity, 0
+        return super().get_mask_sizes(query_length)
+
+    def _check_static_mask(self, attention_mask: torch.Tensor | None, step: DecodeStep) -> None:
+        """A static store serves unpadded batches (its kernel has no per-token mask, and its step tests nothing on
+        the host): ValueError when ``attention_mask`` hides a stored token or the new one. Inside a CUDA-graph
+        capture the test is recorded on the device and raised by :meth:`after_graph_replays`; the record is
+        allocated by the first step outside a capture (the warm-up)."""
+        capturing = tq.quantizers._capturing()
+        if self._masked_in_graph is None:
+            if capturing:
+                raise RuntimeError(f"layer {self.layer_idx}: run one decode step outside the CUDA-graph capture "
+                                   "first (warm-up)")
+            self._masked_in_graph = torch.zeros((), dtype=torch.bool, device=step.exact_keys.device)
+        if attention_mask is None:
+            return
+        allowed = attention_mask[:, 0, -1]  # (B, kv positions): bool, or additive (0 or very negative)
+        allowed = allowed if allowed.dtype == torch.bool else allowed >= 0
+        live = torch.arange(allowed.shape[-1], device=allowed.device) <= step.seq_lens[:, None]  # stored + new
+        hidden = (live & ~allowed).any()
+        if capturing:
+            self._masked_in_graph.logical_or_(hidden)
+        elif bool(hidden):
+            raise ValueError(f"layer {self.layer_idx}: a static store serves unpadded batches (its kernel has no "
+                             "per-token mask), but this decode step's attention mask hides a stored token")
+
     def attend(self, module, query, key, value, attention_mask, attention, **kwargs):
         """A pending decode step: the kernel over the packed store merged with the exact part (or, when the mask
         hides cached tokens, the model's attention over the decoded store); anything else: the model's attention."""
         step, self.awaiting = self.awaiting, None
         if step is None:
             return attention(module, query, key, value, attention_mask, **kwargs)
-        if self.capacity is not None and attention_mask is not None:  # no host test of a mask in a captured step
-            raise ValueError("a static store serves unpadded batches under a mask-free attention (sdpa): its decode "
-                             "step got an attention mask")
-        if hides_tokens(attention_mask):  # padded rows: the kernel has no per-token mask
+        if self.capacity is not None:
+            self._check_static_mask(attention_mask, step)
+        elif hides_tokens(attention_mask):  # padded rows: the kernel has no per-token mask
             keys, values = self._full_past(step)
             return attention(module, query, keys, values, attention_mask, **kwargs)
         scaling = kwargs.get("scaling")
@@ -487,14 +520,22 @@ class TurboQuantLayer(StreamLayer):
 
     def after_graph_replays(self) -> None:
         """After replays of a captured decode step over a static store: the host's token counts read back from the
-        device, so that lengths and bytes are reported right again, and ValueError if a replay quantized a row the
-        kernels cannot encode (``check_captured_rows``); a few synchronisations."""
-        if self.is_initialized and self.capacity is not None:
-            for stream in (self.key_stream, self.value_stream):
-                stream.resync()
-                for quantizer in getattr(stream.encoder, "quantizers", ()):
-                    quantizer.check_captured_rows()
-            self.seen_tokens = self.key_stream.tokens
+        device, so that lengths and bytes are reported right again; then ValueError if a replay quantized a row the
+        kernels cannot encode (``check_captured_rows``) or ran under a mask that hid a stored token
+        (:meth:`_check_static_mask`). A few synchronisations; each record is cleared once reported."""
+        if not (self.is_initialized and self.capacity is not None):
+            return
+        for stream in (self.key_stream, self.value_stream):
+            stream.resync()
+        self.seen_tokens = self.key_stream.tokens
+        if self._masked_in_graph is not None and bool(self._masked_in_graph):
+            self._masked_in_graph.zero_()
+            raise ValueError(f"layer {self.layer_idx}: a replayed CUDA graph's decode step ran under an attention mask "
+                             "that hid a stored token; a static store serves unpadded batches, so the step attended "
+                             "to it")
+        for stream in (self.key_stream, self.value_stream):
+            for quantizer in getattr(stream.encoder, "quantizers", ()):
+                quantizer.check_captured_rows()
 
     def _full_past(self, step: DecodeStep) -> tuple[torch.Tensor, torch.Tensor]:
         """Sink tokens, decoded packed part, window and new token, oldest first (the torch path when the kernel
