@@ -128,7 +128,7 @@ def bench_decode_step(bench: Bench, sizes: Any, variants: dict[str, dict]) -> li
         if graphs:
             static_full = transformers.StaticCache(config=model.config, max_cache_len=ctx + GRAPH_MARGIN)
             fill_cache(static_full, model, bsz, ctx, device)
-            label = "full 16-bit cache (StaticCache + sdpa), CUDA graph"
+            label = "full 16-bit cache (StaticCache + sdpa)"
             rows += _graph_rows(bench, label, size, partial(graphed_step, model, token, static_full, ctx), full_bytes,
                                 base, t_full, "bytes: K/V + weights; reads its whole capacity under a mask")
             t_graph_full = rows[-2].time_us
