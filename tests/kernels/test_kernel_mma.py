@@ -17,7 +17,7 @@ import turboquant as tq
 
 pytest.importorskip("triton.experimental.gluon")
 
-from turboquant.kernels._decode import PRMT_PAIR3, PRMT_PAIR4, PRMT_PAIR43, prmt_byte_tables  # noqa: E402
+from turboquant.kernels._decode import PRMT_PAIR3, PRMT_PAIR4, PRMT_PAIR_MIXED, prmt_byte_tables  # noqa: E402
 from turboquant.kernels import _mma  # noqa: E402
 from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup  # noqa: E402
 
@@ -100,42 +100,41 @@ def test_pair_program_decodes_every_code_of_both_words(dim) -> None:
             assert out[c] == expected[(a >> (4 * c)) & 15] | expected[(b >> (4 * c)) & 15] << 16, (hex(a), hex(b), c)
 
 
-def _split_code(slot: int, c: int) -> int:
-    """Code c of a split slot word (``_mma`` module docstring): codes 0, 1 4-bit at bits 0-7, codes 2..7 3-bit."""
-    return (slot >> (4 * c)) & 15 if c < 2 else (slot >> (8 + 3 * (c - 2))) & 7
+def _mixed_code(slot: int, c: int) -> int:
+    """Code c of a mixed slot word (``_mma`` module docstring): codes 0-3 4-bit at bits 0-15, codes 4-7 3-bit."""
+    return (slot >> (4 * c)) & 15 if c < 4 else (slot >> (16 + 3 * (c - 4))) & 7
 
 
-def test_pair43_program_decodes_every_code_of_both_slots() -> None:
+def test_mixed_pair_program_decodes_every_code_of_both_slots() -> None:
     outlier_table = tq.lloyd_max_codebook(32, 4).centroids_tensor().numpy().astype(np.float16)
     table3 = tq.lloyd_max_codebook(96, 3).centroids_tensor().numpy().astype(np.float16)
     expected = {4: _fp16_bits(outlier_table), 3: _fp16_bits(table3)}
     operands = {}
     for i, table in enumerate(_byte_tables(outlier_table[8:]) + _byte_tables(table3)):
         operands[10 + 2 * i] = operands[11 + 2 * i] = table  # pack=2: each scalar twice
-    rng = np.random.default_rng(43)
-    slots = [sum(((c + k) % 16) << (4 * k) for k in range(2)) | sum(((c + k) % 8) << (8 + 3 * k) for k in range(6))
+    rng = np.random.default_rng(44)
+    slots = [sum(((c + k) % 16) << (4 * k) for k in range(4)) | sum(((c + k) % 8) << (16 + 3 * k) for k in range(4))
              for c in range(16)]  # every code at every position
-    slots += [int(w) for w in rng.integers(0, 2 ** 26, size=300)] + [0, 2 ** 26 - 1]
+    slots += [int(w) for w in rng.integers(0, 2 ** 32, size=300, dtype=np.uint64)] + [0, 2 ** 32 - 1]  # bits 28-31 set
     for a, b in zip(slots, reversed(slots)):
-        out = run_ptx(PRMT_PAIR43.value, {8: a, 9: b, **operands})
+        out = run_ptx(PRMT_PAIR_MIXED.value, {8: a, 9: b, **operands})
         for c in range(8):
-            value = expected[4 if c < 2 else 3]
-            assert out[c] == value[_split_code(a, c)] | value[_split_code(b, c)] << 16, (hex(a), hex(b), c)
+            value = expected[4 if c < 4 else 3]
+            assert out[c] == value[_mixed_code(a, c)] | value[_mixed_code(b, c)] << 16, (hex(a), hex(b), c)
 
 
 def _funnel(low: int, high: int, shift: int) -> int:
     return ((high << 32 | low) >> shift) & 0xFFFFFFFF
 
 
-def _slot_word(outlier_byte: int, three_bits: int) -> int:
-    return (outlier_byte & 0xFF) | ((three_bits & 0x3FFFF) << 8)
-
-
 def test_split_slots_hold_the_codes_of_their_channels() -> None:
     """What ``_mma.split_key_slots`` / ``split_value_slots`` compute from the words they load (the same formulas, in
     NumPy) holds, at code c of slot s, the code of stream channel ``_key_slot_channel(s, c)`` /
-    ``_value_slot_channel(s, c)``: the outlier row's for channels < 32, the 3-bit row's (channel - 32) above."""
+    ``_value_slot_channel(s, c)``: the outlier row's for channels < 32, the 3-bit row's (channel - 32) above. Mixed
+    slots (key slots 4t, 4t + 1, value slots 2g) are read as ``PRMT_PAIR_MIXED`` reads them, the others as 3-bit groups
+    of 24 bits (bits above them unread)."""
     rng = np.random.default_rng(5)
+    mask = 0xFFFFFFFF
     for _ in range(50):
         outlier_row = rng.integers(0, 256, size=16, dtype=np.uint8)
         row = rng.integers(0, 256, size=36, dtype=np.uint8)
@@ -148,18 +147,20 @@ def test_split_slots_hold_the_codes_of_their_channels() -> None:
         for t in range(4):  # lane t: outlier word t, 3-bit words 2t .. 2t + 2 at bit offset 8t
             x0, x1, x2 = _funnel(w[2 * t], w[2 * t + 1], 8 * t), _funnel(w[2 * t + 1], w[2 * t + 2], 8 * t), \
                 w[2 * t + 2] >> 8 * t
-            key_slots.update({4 * t: _slot_word(o[t], x0), 4 * t + 1: _slot_word(o[t] >> 8, (x0 >> 18) | (x1 << 14)),
-                              4 * t + 2: _slot_word(o[t] >> 16, x1 >> 4),
-                              4 * t + 3: _slot_word(o[t] >> 24, (x1 >> 22) | (x2 << 10))})
+            key_slots.update({4 * t: (o[t] & 0xFFFF) | (x0 << 16) & mask,
+                              4 * t + 1: (o[t] >> 16) | ((x0 >> 12) << 16) & mask,
+                              4 * t + 2: (x0 >> 24) | (x1 << 8) & mask, 4 * t + 3: (x1 >> 16) | (x2 << 16) & mask})
         value_slots = {}
         for g in range(8):  # lane group g: 3-bit words g, g + 1 at bit offset 4g, half g & 1 of outlier word g >> 1
             half = o[g >> 1] >> 16 * (g & 1)
             x0, x1 = _funnel(w[g], w[g + 1], 4 * g), w[g + 1] >> 4 * g
-            value_slots.update({2 * g: _slot_word(half, x0), 2 * g + 1: _slot_word(half >> 8, (x0 >> 18) | (x1 << 14))})
-        for slots, channel in ((key_slots, _mma._key_slot_channel), (value_slots, _mma._value_slot_channel)):
+            value_slots.update({2 * g: (half & 0xFFFF) | (x0 << 16) & mask, 2 * g + 1: (x0 >> 12) | (x1 << 20) & mask})
+        for slots, channel, mixed in ((key_slots, _mma._key_slot_channel, lambda s: s & 3 < 2),
+                                      (value_slots, _mma._value_slot_channel, lambda s: s & 1 == 0)):
             for slot, word in slots.items():
                 for c in range(8):
-                    assert _split_code(word, c) == code(int(channel(torch.tensor(slot), torch.tensor(c), True)))
+                    got = _mixed_code(word, c) if mixed(slot) else (word >> 3 * c) & 7
+                    assert got == code(int(channel(torch.tensor(slot), torch.tensor(c), True))), (slot, c)
 
 
 def _join_tree(outputs: list[np.ndarray]) -> np.ndarray:
@@ -189,7 +190,15 @@ def test_key_tile_columns_are_the_key_channel_order(block_n) -> None:
     assert (tile(_planes(lambda c: 8 * word + c)) == _mma.key_channel_order().numpy()[None, :]).all()
     assert (tile(_planes(lambda c: token)) == np.arange(block_n)[:, None]).all()
     split = _planes(lambda c: _mma._key_slot_channel(torch.from_numpy(word), torch.tensor(c), True).numpy())
-    assert (tile(split) == _mma.key_channel_order(split=True).numpy()[None, :]).all()
+    # _split_key_planes: the mixed (i1 = 0) and 3-bit (i1 = 1) pairs taken apart, decoded, put back: the identity
+    parts = [np.split(np.transpose(p.reshape(block_n, 4, 2, 2), (0, 1, 3, 2)), 2, axis=-1) for p in split]
+    put_back = [np.transpose(np.concatenate(halves, axis=-1), (0, 1, 3, 2)).reshape(block_n, 16) for halves in parts]
+    assert all((a == b).all() for a, b in zip(put_back, split))
+    split_order = _mma.key_channel_order(split=True).numpy()
+    assert (tile(split) == split_order[None, :]).all()
+    # decoded_split_keys: the outlier columns are u1 = 0, c2 = 0 of the (token, u1, c2, c1, c0, t1, t0, u0) tile
+    axes = np.transpose(_join_tree(split).reshape(block_n, *(2,) * 7), _mma.KEY_AXES.value)
+    assert (axes[:, 0, 0].reshape(block_n, 32) == split_order[None, :32]).all() and (split_order[:32] < 32).all()
 
 
 @pytest.mark.parametrize("block_n", [16, 32, 64])
@@ -206,18 +215,20 @@ def test_value_tile_rows_are_the_value_channel_order(block_n) -> None:
     split = _planes(lambda c: _mma._value_slot_channel(torch.from_numpy(word), torch.tensor(c), True).numpy())
     split_order = _mma.value_channel_order(split=True).numpy()
     assert (tile(split) == split_order[:, None]).all()
-    # decoded_split_values: the outlier tile joins planes 0 and 1 alone, (token, g, w, c0) -> (c0 w g, token)
-    outliers = np.transpose(_join_tree(split[:2]).reshape(block_n, 8, 2, 2), (3, 2, 1, 0)).reshape(32, block_n)
-    assert (outliers == split_order[:32, None]).all() and (split_order[:32] < 32).all()
+    # decoded_split_values: the top tile joins planes 0-3, (token, g, w, c0, c1) -> (c1 c0 w g, token): rows m < 64
+    top = np.transpose(_join_tree(split[:4]).reshape(block_n, 8, 2, 2, 2), (4, 3, 2, 1, 0)).reshape(64, block_n)
+    assert (top == split_order[:64, None]).all()
+    m = np.arange(128)
+    assert ((split_order < 32) == ((m < 64) & (m & 8 == 0))).all()  # the rows the kernel takes from the top product
 
 
 def test_channel_orders_are_permutations() -> None:
     for split in (False, True):
         for order in (_mma.key_channel_order(split=split), _mma.value_channel_order(split=split)):
             assert sorted(order.tolist()) == list(range(128))
-    k = torch.arange(128)  # the split kernel's outlier positions: key order k & 0x30 == 0, value rows m < 32
-    assert torch.equal(_mma.key_channel_order(split=True) < 32, (k & 0x30) == 0)
-    assert torch.equal(_mma.value_channel_order(split=True) < 32, k < 32)
+    k = torch.arange(128)  # the split kernel's outlier positions: key order k < 32, value rows m < 64 with m & 8 == 0
+    assert torch.equal(_mma.key_channel_order(split=True) < 32, k < 32)
+    assert torch.equal(_mma.value_channel_order(split=True) < 32, (k < 64) & (k & 8 == 0))
 
 
 def _format(bits: int = 4, dim: int = 128, groups: int = 1, device: str = "cpu", outlier_bits: int = 4) -> CacheFormat:

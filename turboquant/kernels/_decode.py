@@ -319,33 +319,27 @@ def _spread3_lines(src: str, dst: str) -> list[str]:
             f"and.b32 {dst}, {dst}, 0x07070707;", "shl.b32 t, t, 1;", f"or.b32 {dst}, {dst}, t;"]
 
 
-def _pair3_lookup_lines(na: str, nb: str, outs: list[str], tables: tuple[str, str, str, str]) -> list[str]:
-    """Lines that look up the 3-bit codes spread to the nibbles of ``na`` and ``nb`` (two words A and B: code k at bit
-    4k) in the 8-entry signed byte tables ``tables`` and write the fp16 pair (code k of A, code k of B) to
-    ``outs[k]`` (k < len(outs), 6 or 8): their nibbles are interleaved into two selector words (even codes:
-    a0 b0 a2 b2 a4 b4 a6 b6; odd codes likewise), each looked up 4 nibbles at a time and the low / high bytes
-    interleaved into (a, b) fp16 pairs."""
+def _selector_lookup_lines(selector: str, first: str, second: str, tables: tuple[str, ...]) -> list[str]:
+    """Lines that look up the 4 nibbles of ``selector`` (x0 y0 x1 y1: code k of two words X and Y, twice) in the
+    8-entry byte tables ``tables`` (low bytes of entries 0-3, of 4-7, high bytes of each) and write the fp16 pairs
+    (x0, y0) to ``first`` and (x1, y1) to ``second``."""
     lo0, lo1, hi0, hi1 = tables
-    lines = [f"shl.b32 t, {nb}, 4;", f"and.b32 se, {na}, 0x0F0F0F0F;", "and.b32 t, t, 0xF0F0F0F0;",
-             "or.b32 se, se, t;", f"shr.u32 t, {na}, 4;", "and.b32 so, t, 0x0F0F0F0F;",
-             f"and.b32 t, {nb}, 0xF0F0F0F0;", "or.b32 so, so, t;"]
-    for selector, first in (("se", 0), ("so", 1)):  # codes 2i + first
-        for half in (0, 1):
-            sel = selector if half == 0 else "s"
-            if half:
-                lines.append(f"shr.u32 s, {selector}, 16;")
-            c = first + 4 * half  # codes c and c + 2 of both words from this selector's 4 nibbles
-            lines += [f"prmt.b32 lo, {lo0}, {lo1}, {sel};", f"prmt.b32 hi, {hi0}, {hi1}, {sel};",
-                      f"prmt.b32 {outs[c]}, lo, hi, 0x5140;"]
-            if c + 2 < len(outs):
-                lines.append(f"prmt.b32 {outs[c + 2]}, lo, hi, 0x7362;")
-    return lines
+    return [f"prmt.b32 lo, {lo0}, {lo1}, {selector};", f"prmt.b32 hi, {hi0}, {hi1}, {selector};",
+            f"prmt.b32 {first}, lo, hi, 0x5140;", f"prmt.b32 {second}, lo, hi, 0x7362;"]
 
 
 def _pair3_lines() -> list[str]:
-    """Lines of :data:`PRMT_PAIR3`: both group words spread to nibbles, then :func:`_pair3_lookup_lines`."""
-    return (_spread3_lines("$8", "na") + _spread3_lines("$9", "nb")
-            + _pair3_lookup_lines("na", "nb", [f"${c}" for c in range(8)], ("$10", "$12", "$14", "$16")))
+    """Lines of :data:`PRMT_PAIR3`: both group words spread to nibbles, their nibbles interleaved into two selector
+    words (even codes: a0 b0 a2 b2 a4 b4 a6 b6; odd codes likewise), each looked up 4 nibbles at a time
+    (:func:`_selector_lookup_lines`)."""
+    tables = ("$10", "$12", "$14", "$16")
+    lines = _spread3_lines("$8", "na") + _spread3_lines("$9", "nb")
+    lines += ["shl.b32 t, nb, 4;", "and.b32 se, na, 0x0F0F0F0F;", "and.b32 t, t, 0xF0F0F0F0;", "or.b32 se, se, t;",
+              "shr.u32 t, na, 4;", "and.b32 so, t, 0x0F0F0F0F;", "and.b32 t, nb, 0xF0F0F0F0;", "or.b32 so, so, t;"]
+    for selector, first in (("se", 0), ("so", 1)):  # codes 2i + first
+        lines += _selector_lookup_lines(selector, f"${first}", f"${first + 2}", tables)
+        lines += [f"shr.u32 s, {selector}, 16;", *_selector_lookup_lines("s", f"${first + 4}", f"${first + 6}", tables)]
+    return lines
 
 
 # One invocation (``pack=2``): two 24-bit group words A ($8) and B ($9) of 8 3-bit codes each (code k at bit 3k) ->
@@ -356,25 +350,33 @@ PRMT_PAIR3 = tl.constexpr("{\n.reg .b32 na, nb, se, so, s, lo, hi, t;\n" + "\n".
 PRMT_PAIR3_CONSTRAINTS = PRMT_PAIR4_CONSTRAINTS
 
 
-def _pair43_lines() -> list[str]:
-    """Lines of :data:`PRMT_PAIR43`: the two 4-bit codes of A and B joined in one register (A's byte 0 as byte 0, B's
-    as byte 2: codes 0, 1 and 4, 5 of :func:`_nibble_pair_lines`, which writes the pairs (A_0, B_0), (A_1, B_1)),
-    then the six 3-bit codes of each shifted down, spread to nibbles and looked up as in :data:`PRMT_PAIR3`."""
-    four = _with_tables(["prmt.b32 x, $8, $9, 0x5440;", *_nibble_pair_lines("x", ["$0", "$1"])],
+def _pair_mixed_lines() -> list[str]:
+    """Lines of :data:`PRMT_PAIR_MIXED`. The 4-bit halves of A and B joined in one register (codes n of A and n + 4
+    of it are then A's and B's code n: :func:`_nibble_pair_lines`), the 3-bit halves in another (A's 12 bits at
+    bit 0, B's at bit 16, spread to nibbles in two shift-and-mask steps: a0 a1 a2 a3 b0 b1 b2 b3), interleaved into
+    the selectors a0 b0 a2 b2 and a1 b1 a3 b3 and looked up in the 3-bit byte tables. The bits above each 12-bit
+    field are masked away, so a slot's bits 28-31 may hold anything."""
+    four = _with_tables(["prmt.b32 x, $8, $9, 0x5410;", *_nibble_pair_lines("x", ["$0", "$1", "$2", "$3"])],
                         ("$10", "$12", "$14", "$16"))
-    three = (["shr.u32 x, $8, 8;", *_spread3_lines("x", "na"), "shr.u32 x, $9, 8;", *_spread3_lines("x", "nb")]
-             + _pair3_lookup_lines("na", "nb", [f"${c}" for c in range(2, 8)], ("$18", "$20", "$22", "$24")))
-    return four + three
+    three = ["prmt.b32 x, $8, $9, 0x7632;",
+             "and.b32 t, x, 0x0FC00FC0;", "and.b32 x, x, 0x003F003F;", "shl.b32 t, t, 2;", "or.b32 x, x, t;",
+             "and.b32 t, x, 0x38383838;", "and.b32 x, x, 0x07070707;", "shl.b32 t, t, 1;", "or.b32 x, x, t;",
+             "shr.u32 t, x, 12;", "and.b32 t, t, 0xF0F0;", "and.b32 se, x, 0x0F0F;", "or.b32 se, se, t;",
+             "shr.u32 t, x, 4;", "and.b32 so, t, 0x0F0F;", "shr.u32 t, x, 16;", "and.b32 t, t, 0xF0F0;",
+             "or.b32 so, so, t;"]
+    tables3 = ("$18", "$20", "$22", "$24")
+    return (four + three + _selector_lookup_lines("se", "$4", "$6", tables3)
+            + _selector_lookup_lines("so", "$5", "$7", tables3))
 
 
-# One invocation (``pack=2``): two *split slots* A ($8) and B ($9), each the 8 codes of one slot of a stream split
-# into 4-bit outlier channels and 3-bit others (the 3.5-bit preset; ``_mma``'s split layouts): codes 0 and 1 4-bit
-# at bits 0-7, codes 2..7 3-bit at bits 8 + 3(c - 2) -> $c = the fp16 pair (code c of A, code c of B) as PRMT_PAIR4
-# writes it; $10, $12, $14, $16: the 4-bit codebook's magnitude byte tables, $18, $20, $22, $24: the 3-bit
-# codebook's signed ones (each scalar passed once per packed element).
-PRMT_PAIR43 = tl.constexpr("{\n.reg .b32 s, j, sel, lo, hi, r, t, x, na, nb, se, so;\n" + "\n".join(_pair43_lines())
-                           + "\n}")
-PRMT_PAIR43_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 18))
+# One invocation (``pack=2``): two *mixed slots* A ($8) and B ($9) of a stream split into 4-bit outlier channels and
+# 3-bit others (the 3.5-bit preset; ``_mma``'s split layouts): codes 0-3 4-bit at bits 0-15, codes 4-7 3-bit at bits
+# 16 + 3(c - 4) -> $c = the fp16 pair (code c of A, code c of B) as PRMT_PAIR4 writes it; $10, $12, $14, $16: the
+# 4-bit codebook's magnitude byte tables, $18, $20, $22, $24: the 3-bit codebook's signed ones (each scalar passed
+# once per packed element).
+PRMT_PAIR_MIXED = tl.constexpr("{\n.reg .b32 s, j, sel, lo, hi, r, t, x, se, so;\n" + "\n".join(_pair_mixed_lines())
+                               + "\n}")
+PRMT_PAIR_MIXED_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 18))
 
 
 @triton.jit

@@ -13,12 +13,14 @@ tokens as columns). The unit is a *slot*, the 8 codes of 8 consecutive channels 
 so both widths share the layouts and the orders. Only rows of 128 channels (head_dim 128) are laid out here.
 
 A *split* stream (the 3.5-bit preset: 32 outlier channels at 4 bits, then 96 at 3, two code rows with their own
-norms; ``BITS ==`` :data:`SPLIT_43`) uses the same fragments with every slot mixed: codes 0 and 1 of a slot are two
-4-bit outlier codes, codes 2..7 six 3-bit codes (:data:`~turboquant.kernels._decode.PRMT_PAIR43` decodes a pair of
-such slots). The outliers then fill whole MMA blocks (key reduction positions k with ``k & 0x30 == 0``, value rows
-m < 32), so the kernel weights them by their own norm with a second product rather than a per-element scale:
-:func:`split_key_slots`, :func:`split_value_slots`, and the ``split`` channel orders, whose entries index the
-stream's rotated channels (the outlier group's first).
+norms; ``BITS ==`` :data:`SPLIT_43`) uses the same fragments. Every lane must run the same programs, so the
+outliers are spread evenly over the lanes: half of a lane's slots are *mixed* (codes 0-3 four 4-bit outlier codes,
+codes 4-7 four 3-bit codes; :data:`~turboquant.kernels._decode.PRMT_PAIR_MIXED` decodes a pair of them), the other
+half plain 3-bit slots (``PRMT_PAIR3``): key slots 4t, 4t + 1 and value slots 2g are mixed. The outliers then sit
+in whole MMA blocks of the keys (reduction positions k < 32) and in known rows of the values (m < 64 with
+m & 8 == 0), so the kernel weights them by their own norm with second products rather than a per-element scale:
+:func:`split_key_slots`, :func:`split_value_slots`, :func:`decoded_split_values`, and the ``split`` channel orders,
+whose entries index the stream's rotated channels (the outlier group's first).
 """
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ from ._decode import (
     PRMT_PAIR3_CONSTRAINTS,
     PRMT_PAIR4,
     PRMT_PAIR4_CONSTRAINTS,
-    PRMT_PAIR43,
-    PRMT_PAIR43_CONSTRAINTS,
+    PRMT_PAIR_MIXED,
+    PRMT_PAIR_MIXED_CONSTRAINTS,
 )
 
 MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8]))
@@ -45,27 +47,30 @@ ROWS = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [1, 1], [1, 0]))  # a plain
 HEAD_DIM = 128
 SPLIT_BITS = 43  # the BITS of a split stream: 32 outlier channels at 4 bits, 96 at 3 (module docstring)
 SPLIT_43 = gl.constexpr(SPLIT_BITS)
-SPLIT_OUTLIERS = gl.constexpr(32)
+SPLIT_OUTLIER_ROWS = gl.constexpr(64)  # value rows m < 64 hold the outliers (those with m & 8 == 0)
 SPLIT_LAYOUT = ((32, 4), (96, 3))  # (channels, bits) of a split stream's groups, outliers first
 
 def _key_slot_channel(slot: torch.Tensor, c: torch.Tensor, split: bool) -> torch.Tensor:
     """Stream channel of code ``c`` of key slot ``slot`` = 4t + i (lane t, its slot i). One group: the slot is word
-    4t + i, channels 8 slot + c. Split: codes 0, 1 are byte i of outlier word t (outlier channels 8t + 2i + c),
-    codes 2..7 the 3-bit codes 6i + c - 2 of lane t's 24 (channels 32 + 24t + 6i + c - 2)."""
+    4t + i, channels 8 slot + c. Split: slots i = 0, 1 are mixed, their codes c < 4 half i of outlier word t (outlier
+    channels 8t + 4i + c) and their codes c >= 4 the 3-bit codes 4i + c - 4 of lane t's 24; slots i = 2, 3 the 3-bit
+    codes 8(i - 1) + c (3-bit code j of lane t is stream channel 32 + 24t + j)."""
     if not split:
         return 8 * slot + c
     t, i = slot >> 2, slot & 3
-    return torch.where(c < 2, 8 * t + 2 * i + c, 32 + 24 * t + 6 * i + c - 2)
+    three = 32 + 24 * t + torch.where(i < 2, 4 * i + c - 4, 8 * (i - 1) + c)
+    return torch.where((i < 2) & (c < 4), 8 * t + 4 * i + c, three)
 
 
 def _value_slot_channel(slot: torch.Tensor, c: torch.Tensor, split: bool) -> torch.Tensor:
     """Stream channel of code ``c`` of value slot ``slot`` = 2g + w (lane group g, its slot w). One group: word 2g + w,
-    channels 8 slot + c. Split: codes 0, 1 are byte w of half g & 1 of outlier word g >> 1 (outlier channels
-    4g + 2w + c), codes 2..7 the 3-bit codes 6w + c - 2 of lane group g's 12 (channels 32 + 12g + 6w + c - 2)."""
+    channels 8 slot + c. Split: slot w = 0 is mixed, its codes c < 4 half g & 1 of outlier word g >> 1 (outlier
+    channels 4g + c) and its codes c >= 4 the 3-bit codes c - 4 of lane group g's 12; slot w = 1 the 3-bit codes
+    4 + c (3-bit code j of lane group g is stream channel 32 + 12g + j)."""
     if not split:
         return 8 * slot + c
     g, w = slot >> 1, slot & 1
-    return torch.where(c < 2, 4 * g + 2 * w + c, 32 + 12 * g + 6 * w + c - 2)
+    return torch.where((w == 0) & (c < 4), 4 * g + c, 32 + 12 * g + torch.where(w == 0, c - 4, 4 + c))
 
 
 @functools.cache
@@ -182,12 +187,6 @@ def _lane_constant(like, column_values, BLOCK_N: gl.constexpr, PARTS: gl.constex
 
 
 @gluon.jit
-def _slot_word(outlier_byte, three_bits):
-    """A split slot (module docstring): two 4-bit codes in bits 0-7, six 3-bit codes (18 bits) above them."""
-    return (outlier_byte & 0xFF) | ((three_bits & 0x3FFFF) << 8)
-
-
-@gluon.jit
 def _funnel(low, high, shift):
     """Bits ``shift .. shift + 31`` (``shift`` < 32, uint64) of the 64-bit word (``high``, ``low``), uint32."""
     return (((high.to(gl.uint64) << 32) | low.to(gl.uint64)) >> shift).to(gl.uint32)
@@ -195,10 +194,11 @@ def _funnel(low, high, shift):
 
 @gluon.jit
 def split_key_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, stride, BLOCK_N: gl.constexpr):
-    """(BLOCK_N, 16) int32 split slots (``_key_slot_channel``) of a split key stream in :func:`key_words_layout`:
+    """(BLOCK_N, 16) int32 slots (``_key_slot_channel``) of a split key stream in :func:`key_words_layout`:
     ``outlier_rows`` the 4-bit outlier rows (4 words), ``rows`` the 3-bit rows (9 words). Lane t loads outlier word t
-    and the 3-bit words 2t, 2t + 1, 2t + 2 (its 24 codes start at bit 8t of them) into slots 4t .. 4t + 3; slot i
-    is then byte i of the outlier word and the 18 bits at 8t + 18i of the three."""
+    and the 3-bit words 2t, 2t + 1, 2t + 2 (its 24 codes are the 72 bits at bit 8t of them). Mixed slots 4t + i,
+    i = 0, 1: half i of the outlier word in bits 0-15, 3-bit codes 4i .. 4i + 3 above; slots 4t + 2, 4t + 3: 3-bit codes
+    8 .. 15 and 16 .. 23 in bits 0-23. Bits above the codes a slot's program reads may hold anything."""
     i = slot & 3
     t = slot >> 2
     live = tok_mask[:, None]
@@ -209,23 +209,23 @@ def split_key_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, 
     outlier, w1 = gl.split(even)  # i = 0: outlier word t; i = 2: 3-bit word 2t + 1
     w0, w2 = gl.split(odd)  # i = 1, 3: 3-bit words 2t, 2t + 2
     shift = _lane_constant(loaded, 8 * t, BLOCK_N, 4).to(gl.uint64)
-    x0 = _funnel(w0, w1, shift)  # bits 8t .. 8t + 31 of the three words, then 8t + 32 .., 8t + 64 ..
+    x0 = _funnel(w0, w1, shift)  # the lane's 3-bit bits 0-31, then 32-63, 64-71
     x1 = _funnel(w1, w2, shift)
     x2 = w2 >> shift.to(gl.uint32)
-    s0 = _slot_word(outlier, x0)
-    s1 = _slot_word(outlier >> 8, (x0 >> 18) | (x1 << 14))
-    s2 = _slot_word(outlier >> 16, x1 >> 4)
-    s3 = _slot_word(outlier >> 24, (x1 >> 22) | (x2 << 10))
+    s0 = (outlier & 0xFFFF) | (x0 << 16)
+    s1 = (outlier >> 16) | ((x0 >> 12) << 16)
+    s2 = (x0 >> 24) | (x1 << 8)
+    s3 = (x1 >> 16) | (x2 << 16)
     words = gl.reshape(gl.join(gl.join(s0, s2), gl.join(s1, s3)), (BLOCK_N, 16)).to(gl.int32, bitcast=True)
     return gl.convert_layout(words, key_words_layout(BLOCK_N), assert_trivial=True)
 
 
 @gluon.jit
 def split_value_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, stride, BLOCK_N: gl.constexpr):
-    """(BLOCK_N, 16) int32 split slots (``_value_slot_channel``) of a split value stream in
-    ``value_words_layout(BLOCK_N, False)``. Lane group g loads the 3-bit words g and g + 1 (its 12 codes start at bit
-    4g) and outlier word g >> 1 (its 4 outlier codes are half g & 1 of it); slot w is then byte w of that half and
-    the 18 bits at 4g + 18w of the two 3-bit words."""
+    """(BLOCK_N, 16) int32 slots (``_value_slot_channel``) of a split value stream in
+    ``value_words_layout(BLOCK_N, False)``. Lane group g loads the 3-bit words g and g + 1 (its 12 codes are the 36
+    bits at bit 4g of them) and outlier word g >> 1 (its 4 outlier codes are half g & 1 of it). Mixed slot 2g: the
+    outlier half in bits 0-15, 3-bit codes 0-3 above; slot 2g + 1: 3-bit codes 4-11 in bits 0-23."""
     g = slot >> 1
     w = slot & 1
     token_rows = tokens.to(gl.int64)[:, None]
@@ -237,10 +237,10 @@ def split_value_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride
     outlier, _ = gl.split(gl.reshape(outlier, (BLOCK_N, 8, 2)))
     shift = _lane_constant(pair, 4 * g, BLOCK_N, 2).to(gl.uint64)
     half = outlier >> _lane_constant(pair, 16 * (g & 1), BLOCK_N, 2).to(gl.uint32)
-    x0 = _funnel(low, high, shift)  # bits 4g .. 4g + 31 of the two words, then 4g + 32 ..
+    x0 = _funnel(low, high, shift)  # the lane group's 3-bit bits 0-31, then 32-35
     x1 = high >> shift.to(gl.uint32)
-    s0 = _slot_word(half, x0)
-    s1 = _slot_word(half >> 8, (x0 >> 18) | (x1 << 14))
+    s0 = (half & 0xFFFF) | (x0 << 16)
+    s1 = (x0 >> 12) | (x1 << 20)
     words = gl.reshape(gl.join(s0, s1), (BLOCK_N, 16)).to(gl.int32, bitcast=True)
     return gl.convert_layout(words, value_words_layout(BLOCK_N, False), assert_trivial=True)
 
@@ -248,8 +248,8 @@ def split_value_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride
 @gluon.jit
 def _decode_pairs(words, tables, BITS: gl.constexpr):
     """The 8 code planes of slot pairs (consecutive registers of ``words``): fp16 tensors of ``words``' shape.
-    ``tables``: the codebook's 4 byte tables (``_decode.prmt_byte_tables``); for :data:`SPLIT_43`, the outlier
-    codebook's 4 then the 3-bit codebook's 4."""
+    ``tables``: the byte tables (``_decode.prmt_byte_tables``) of the codebook, or for ``BITS == 43`` (mixed slots)
+    of the outlier codebook then the 3-bit one."""
     if BITS == 4:
         planes = gl.inline_asm_elementwise(PRMT_PAIR4, PRMT_PAIR4_CONSTRAINTS,
                                            [words, tables[0], tables[1], tables[2], tables[3]],
@@ -259,11 +259,32 @@ def _decode_pairs(words, tables, BITS: gl.constexpr):
                                            [words, tables[0], tables[1], tables[2], tables[3]],
                                            dtype=(gl.float16,) * 8, is_pure=True, pack=2)
     else:
-        planes = gl.inline_asm_elementwise(PRMT_PAIR43, PRMT_PAIR43_CONSTRAINTS,
+        planes = gl.inline_asm_elementwise(PRMT_PAIR_MIXED, PRMT_PAIR_MIXED_CONSTRAINTS,
                                            [words, tables[0], tables[1], tables[2], tables[3], tables[4], tables[5],
                                             tables[6], tables[7]],
                                            dtype=(gl.float16,) * 8, is_pure=True, pack=2)
     return planes
+
+
+@gluon.jit
+def _split_key_planes(words, tables, BLOCK_N: gl.constexpr):
+    """The 8 code planes of split key slots (:func:`split_key_slots`), in ``words``' shape and layout: the mixed pairs
+    (slots 4t, 4t + 1) and the 3-bit pairs (4t + 2, 4t + 3) are taken apart (a register axis), decoded by their
+    programs and put back."""
+    w = gl.permute(gl.reshape(words, (BLOCK_N, 4, 2, 2)), (0, 1, 3, 2))  # token, t, i0, i1
+    mixed, three = gl.split(w)  # i1 = 0: the mixed pair; 1: the 3-bit pair
+    m = _decode_pairs(gl.reshape(mixed, (BLOCK_N, 8)), tables, SPLIT_43)
+    h = _decode_pairs(gl.reshape(three, (BLOCK_N, 8)), (tables[4], tables[5], tables[6], tables[7]), 3)
+    return (_key_plane(m[0], h[0], BLOCK_N), _key_plane(m[1], h[1], BLOCK_N), _key_plane(m[2], h[2], BLOCK_N),
+            _key_plane(m[3], h[3], BLOCK_N), _key_plane(m[4], h[4], BLOCK_N), _key_plane(m[5], h[5], BLOCK_N),
+            _key_plane(m[6], h[6], BLOCK_N), _key_plane(m[7], h[7], BLOCK_N))
+
+
+@gluon.jit
+def _key_plane(mixed, three, BLOCK_N: gl.constexpr):
+    """One code plane of the mixed and the 3-bit key pairs (BLOCK_N, 8 each) as one (BLOCK_N, 16) plane."""
+    both = gl.join(gl.reshape(mixed, (BLOCK_N, 4, 2)), gl.reshape(three, (BLOCK_N, 4, 2)))  # token, t, i0, i1
+    return gl.reshape(gl.permute(both, (0, 1, 3, 2)), (BLOCK_N, 16))
 
 
 @gluon.jit
@@ -275,9 +296,21 @@ def _join_planes(v):
 @gluon.jit
 def decoded_keys(words, tables, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
     """(BLOCK_N, 16) key slots -> (BLOCK_N, 128) fp16 in the A layout, columns in :func:`key_channel_order`."""
-    x = _join_planes(_decode_pairs(words, tables, BITS))
-    x = gl.permute(gl.reshape(x, (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)), KEY_AXES.value)
+    x = gl.permute(gl.reshape(_join_planes(_decode_pairs(words, tables, BITS)), (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)),
+                   KEY_AXES.value)
     return gl.convert_layout(gl.reshape(x, (BLOCK_N, 128)), OPERAND_A, assert_trivial=True)
+
+
+@gluon.jit
+def decoded_split_keys(words, tables, BLOCK_N: gl.constexpr):
+    """(BLOCK_N, 16) split key slots (:func:`split_key_slots`) -> the (BLOCK_N, 128) tile and its outlier columns
+    k < 32 (BLOCK_N, 32), both fp16 in the A layout (columns in the split :func:`key_channel_order`)."""
+    x = gl.permute(gl.reshape(_join_planes(_split_key_planes(words, tables, BLOCK_N)), (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)),
+                   KEY_AXES.value)  # token, u1, c2, c1, c0, t1, t0, u0: k = u0 + 2t + 8c + 64 u1
+    outliers, _ = gl.split(gl.permute(x, (0, 2, 3, 4, 5, 6, 7, 1)))  # u1 = 0
+    outliers, _ = gl.split(gl.permute(outliers, (0, 2, 3, 4, 5, 6, 1)))  # c2 = 0: k < 32
+    outliers = gl.convert_layout(gl.reshape(outliers, (BLOCK_N, 32)), OPERAND_A, assert_trivial=True)
+    return gl.convert_layout(gl.reshape(x, (BLOCK_N, 128)), OPERAND_A, assert_trivial=True), outliers
 
 
 @gluon.jit
@@ -296,14 +329,24 @@ def decoded_values(words, tables, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
 
 
 @gluon.jit
+def _value_plane(mixed, three, BLOCK_N: gl.constexpr):
+    """One code plane of the mixed (w = 0) and 3-bit (w = 1) value slots (BLOCK_N, 8 each) as one (BLOCK_N, 16)."""
+    return gl.reshape(gl.join(mixed, three), (BLOCK_N, 16))
+
+
+@gluon.jit
 def decoded_split_values(words, tables, BLOCK_N: gl.constexpr):
-    """(BLOCK_N, 16) split value slots -> the outlier rows (32, BLOCK_N) (rows m < 32 of the value order: codes 0 and
-    1 of every slot) and the (128, BLOCK_N) tile whose rows m < 32 are zero, both fp16 in the A layout: two products
-    so that each group's rows are weighted by its own norm."""
+    """(BLOCK_N, 16) split value slots (:func:`split_value_slots`) -> the (128, BLOCK_N) tile and its rows m < 64
+    (codes 0-3 of every slot: the outlier rows, m & 8 == 0, and 3-bit rows), both fp16 in the A layout: the kernel
+    weights the first by the 3-bit norms and the second by the outlier norms and keeps each product's own rows."""
     words = gl.convert_layout(words, value_words_layout(BLOCK_N, True), assert_trivial=True)
-    v = _decode_pairs(words, tables, SPLIT_43)
-    outliers = gl.permute(gl.reshape(gl.join(v[0], v[1]), (BLOCK_N, 8, 2, 2)), (3, 2, 1, 0))  # (c0 w g, token)
-    outliers = gl.convert_layout(gl.reshape(outliers, (32, BLOCK_N)), OPERAND_A, assert_trivial=True)
-    zero = gl.zeros_like(v[0])
-    rest = _join_planes((zero, zero, v[2], v[3], v[4], v[5], v[6], v[7]))
-    return outliers, _value_tile(rest, BLOCK_N)
+    mixed, three = gl.split(gl.reshape(words, (BLOCK_N, 8, 2)))  # w = 0: the mixed slot; 1: the 3-bit slot
+    m = _decode_pairs(mixed, tables, SPLIT_43)
+    h = _decode_pairs(three, (tables[4], tables[5], tables[6], tables[7]), 3)
+    v = (_value_plane(m[0], h[0], BLOCK_N), _value_plane(m[1], h[1], BLOCK_N), _value_plane(m[2], h[2], BLOCK_N),
+         _value_plane(m[3], h[3], BLOCK_N), _value_plane(m[4], h[4], BLOCK_N), _value_plane(m[5], h[5], BLOCK_N),
+         _value_plane(m[6], h[6], BLOCK_N), _value_plane(m[7], h[7], BLOCK_N))
+    top = gl.join(gl.join(v[0], v[1]), gl.join(v[2], v[3]))
+    top = gl.permute(gl.reshape(top, (BLOCK_N, 8, 2, 2, 2)), (4, 3, 2, 1, 0))  # (c1 c0 w g, token)
+    top = gl.convert_layout(gl.reshape(top, (64, BLOCK_N)), OPERAND_A, assert_trivial=True)
+    return top, _value_tile(_join_planes(v), BLOCK_N)

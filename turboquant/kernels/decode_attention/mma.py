@@ -10,12 +10,13 @@ per tile of ``BLOCK_N`` tokens it computes
     o^T += V~^T (p n_V)^T  (128, H):       A = the decoded values (channels x tokens), B = the probabilities
 
 with ``mma.m16n8k16`` (fp16 operands, fp32 accumulation), H the GQA group padded to 8 or 16. A split stream
-(``SPLIT``) has two norms per token: its outlier codes fill whole MMA blocks (``turboquant.kernels._mma``), so
+(``SPLIT``) has two norms per token; its outliers sit in whole key blocks and known value rows
+(``turboquant.kernels._mma``), so
 
-    s^T = n_0 (K~ Q_0^T) + n_1 (K~ Q_1^T)      Q_0 / Q_1: the query with the other group's positions zero
-    o^T += V~_0^T (p n_V0)^T  (outlier rows),   V~_1^T (p n_V1)^T  (the others)
+    s^T = n_0 (K~_0 Q_0^T) + n_1 (K~ Q_1^T)    K~_0, Q_0: the outlier positions alone; Q_1: the others (zero there)
+    o^T += V~^T (p n_V1)^T, kept for the 3-bit rows;   V~_top^T (p n_V0)^T (rows m < 64), kept for the outlier rows
 
-one decode of each tile, a second (cheap) MMA per stream instead of a per-element scale. Both A operands are
+one decode of each tile; second (cheap) MMAs instead of a per-element scale. Both A operands are
 decoded in registers in the layout the instruction reads them from (:mod:`turboquant.kernels._mma`), so no decoded
 tile is written to shared memory. The host gathers the rotated query in the key order
 (:attr:`CacheFormat.mma_query_map`), and the kernel writes output row m to rotated channel
@@ -39,8 +40,9 @@ from .._mma import (
     ROWS,
     SPLIT_43,
     SPLIT_BITS,
-    SPLIT_OUTLIERS,
+    SPLIT_OUTLIER_ROWS,
     decoded_keys,
+    decoded_split_keys,
     decoded_split_values,
     decoded_values,
     key_slots,
@@ -111,10 +113,11 @@ def mma_split_kernel(
     h_cols = gl.arange(0, HEADS, layout=gl.SliceLayout(0, ROWS))
     q_t = gl.load(q_ptr + b * q_strides[0] + (kv_head * GROUP + h_cols)[None, :] * q_strides[1] + k_rows[:, None],
                   mask=(h_cols < GROUP)[None, :], other=0.0)
-    if SPLIT:  # the outlier positions of the key order are k & 0x30 == 0 (turboquant.kernels._mma)
-        outlier_k = ((k_rows & 0x30) == 0)[:, None]
-        q0_t = gl.convert_layout(gl.where(outlier_k, q_t, 0.0), OPERAND_B)
-        q_t = gl.where(outlier_k, 0.0, q_t)
+    if SPLIT:  # the outlier positions of the key order are k < 32 (turboquant.kernels._mma): their own product
+        q0_t = gl.convert_layout(gl.load(q_ptr + b * q_strides[0] + (kv_head * GROUP + h_cols)[None, :] * q_strides[1]
+                                         + gl.arange(0, 32, layout=gl.SliceLayout(1, ROWS))[:, None],
+                                         mask=(h_cols < GROUP)[None, :], other=0.0), OPERAND_B)
+        q_t = gl.where((k_rows < 32)[:, None], 0.0, q_t)
     q_t = gl.convert_layout(q_t, OPERAND_B)
 
     KEY_WORDS: gl.constexpr = key_words_layout(BLOCK_N)
@@ -136,7 +139,7 @@ def mma_split_kernel(
     m_i = gl.full((HEADS,), float("-inf"), gl.float32, layout=gl.SliceLayout(0, MMA))
     l_i = gl.zeros((HEADS,), gl.float32, layout=gl.SliceLayout(0, MMA))
     acc = gl.zeros((128, HEADS), gl.float32, layout=MMA)
-    acc0 = gl.zeros((SPLIT_OUTLIERS, HEADS), gl.float32, layout=MMA)  # split: the outlier rows (unused otherwise)
+    acc0 = gl.zeros((SPLIT_OUTLIER_ROWS, HEADS), gl.float32, layout=MMA)  # split: the outlier rows (else unused)
     if PREFETCH:
         kw, vw, kn, vn, kn0, vn0 = _load_tile(
             k_words, v_words, k_norms, v_norms, k0_words, v0_words, k0_norms, v0_norms, start, end, k_tok, k_slot,
@@ -154,10 +157,13 @@ def mma_split_kernel(
                 v_tok, v_slot, s_tok, k_strides, v_strides, kn_strides, vn_strides, k0_strides, v0_strides,
                 kn0_strides, vn0_strides, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT)
         live = n0 + s_tok < end
-        keys = decoded_keys(kw, k_tables, BLOCK_N, KEY_BITS)
-        s = mma_v2(keys, q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn[:, None]
         if SPLIT:
-            s += mma_v2(keys, q0_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn0[:, None]
+            keys, outlier_keys = decoded_split_keys(kw, k_tables, BLOCK_N)
+            s = (mma_v2(keys, q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn[:, None]
+                 + mma_v2(outlier_keys, q0_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn0[:, None])
+        else:
+            keys = decoded_keys(kw, k_tables, BLOCK_N, KEY_BITS)
+            s = mma_v2(keys, q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn[:, None]
         s = gl.where(live[:, None], s * scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         alpha = gl.exp2(m_i - m_new)
@@ -165,10 +171,10 @@ def mma_split_kernel(
         l_i = l_i * alpha + gl.sum(p, axis=0)
         p_t = gl.convert_layout((p * vn[:, None]).to(gl.float16), OPERAND_B)
         if SPLIT:
-            outliers, rest = decoded_split_values(vw, v_tables, BLOCK_N)
-            acc = mma_v2(rest, p_t, acc * alpha[None, :])
+            top, values = decoded_split_values(vw, v_tables, BLOCK_N)
+            acc = mma_v2(values, p_t, acc * alpha[None, :])
             p0_t = gl.convert_layout((p * vn0[:, None]).to(gl.float16), OPERAND_B)
-            acc0 = mma_v2(outliers, p0_t, acc0 * alpha[None, :])
+            acc0 = mma_v2(top, p0_t, acc0 * alpha[None, :])
         else:
             acc = mma_v2(decoded_values(vw, v_tables, BLOCK_N, VALUE_BITS), p_t, acc * alpha[None, :])
         m_i = m_new
@@ -184,10 +190,12 @@ def mma_split_kernel(
     live_heads = heads < GROUP
     heads = kv_head * GROUP + heads
     part = part_out_ptr + b * part_strides[0] + heads[None, :] * part_strides[1] + split * part_strides[2]
-    if SPLIT:  # rows m < 32 of acc are zero: the outliers' are acc0's
-        gl.store(part + rows[:, None], acc * inv_l[None, :], mask=live_heads[None, :] & (out_rows >= SPLIT_OUTLIERS)[:, None])
-        outlier_rows = gl.load(value_rows_ptr + gl.arange(0, SPLIT_OUTLIERS, layout=gl.SliceLayout(1, MMA)))
-        gl.store(part + outlier_rows[:, None], acc0 * inv_l[None, :], mask=live_heads[None, :])
+    if SPLIT:  # the outlier rows (m < 64, m & 8 == 0) are acc0's, the others acc's
+        outlier_row = (out_rows < SPLIT_OUTLIER_ROWS) & ((out_rows & 8) == 0)
+        gl.store(part + rows[:, None], acc * inv_l[None, :], mask=live_heads[None, :] & ~outlier_row[:, None])
+        top = gl.arange(0, SPLIT_OUTLIER_ROWS, layout=gl.SliceLayout(1, MMA))
+        top_rows = gl.load(value_rows_ptr + top)
+        gl.store(part + top_rows[:, None], acc0 * inv_l[None, :], mask=live_heads[None, :] & ((top & 8) == 0)[:, None])
     else:
         gl.store(part + rows[:, None], acc * inv_l[None, :], mask=live_heads[None, :])
     gl.store(part_lse_ptr + b * lse_strides[0] + heads * lse_strides[1] + split, lse, mask=live_heads)
