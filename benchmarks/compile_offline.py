@@ -8,8 +8,9 @@
 Each launch of the entry points (called on small CPU tensors of the benchmark's shapes: 32 query / 8 KV heads,
 d = 128) is compiled by ``triton.compile`` for the target instead of being run (Triton's argument binder and
 specialization, then ptxas, which ships with Triton), and its cubin read with ``cuobjdump`` / ``nvdisasm``:
-registers, spills, static shared memory, and the count of SASS instructions by opcode class in the whole kernel
-(loads from global / shared memory, shared stores, MMA, FMA, byte permutes). Static counts, not timings: they show
+registers, spills, static shared memory, the count of SASS instructions by opcode class in the whole kernel
+(loads from global / shared memory, shared stores, MMA, FMA, byte permutes), and the length of the longest loop
+body (the instructions between a backward branch and its target) with the shared-memory loads and stores in it. Static counts, not timings: they show
 whether a variant stages its decoded tile through shared memory (``STS`` / ``LDSM``) or gathers from a table
 (``LDG`` inside the loop), which is what ``benchmarks/NOTES.md`` found limiting. Catches compile errors before any
 GPU time is spent.
@@ -47,12 +48,28 @@ def sass_profile(cubin: bytes) -> dict[str, int]:
         sass = subprocess.run([_tool("nvdisasm"), "-hex", f.name], capture_output=True, text=True).stdout
     regs = re.search(r"REG:(\d+)", usage)
     spills = re.search(r"STACK:(\d+)", usage)
-    ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)]
+    ops, labels, branches = [], {}, []
+    for line in sass.splitlines():
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            labels[label.group(1)] = len(ops)
+            continue
+        op = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*)", line)
+        if op:
+            ops.append(op.group(1))
+            target = re.search(r"(\.L_x_\d+)", op.group(2)) if op.group(1).startswith("BRA") else None
+            if target:
+                branches.append((len(ops) - 1, target.group(1)))
     counts = Counter(ops)
     out = {"regs": int(regs.group(1)) if regs else -1, "stack": int(spills.group(1)) if spills else -1,
            "sass": len(ops)}
     for name, pattern in _CLASSES.items():
         out[name] = sum(n for op, n in counts.items() if re.match(pattern, op))
+    loops = [(labels[target], at) for at, target in branches if labels.get(target, at + 1) <= at]
+    start, end = max(loops, key=lambda span: span[1] - span[0], default=(0, -1))
+    body = ops[start:end + 1]
+    out["loop"] = len(body)
+    out["loop shared"] = sum(1 for op in body if re.match(r"^(LDS|STS)", op))
     return out
 
 
@@ -195,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ops", nargs="+", default=["decode", "scores"])
     args = parser.parse_args(argv)
     launches = compile_launches(args.arch, _session5_calls(args.ops))
-    keys = ["regs", "stack", "sass", *_CLASSES]
+    keys = ["regs", "stack", "sass", *_CLASSES, "loop", "loop shared"]
     print("| launch | kernel | shared B | " + " | ".join(keys) + " |")
     print("|---|---|---|" + "---|" * len(keys))
     for name, label, profile, shared in launches:
