@@ -10,10 +10,10 @@ d = 128) is compiled by ``triton.compile`` for the target instead of being run (
 specialization, then ptxas, which ships with Triton), and its cubin read with ``cuobjdump`` / ``nvdisasm``:
 registers, spills, static shared memory, the count of SASS instructions by opcode class in the whole kernel
 (loads from global / shared memory, shared stores, MMA, FMA, byte permutes), and the length of the longest loop
-body (the instructions between a backward branch and its target) with the shared-memory loads and stores in it. Static counts, not timings: they show
-whether a variant stages its decoded tile through shared memory (``STS`` / ``LDSM``) or gathers from a table
-(``LDG`` inside the loop), which is what ``benchmarks/NOTES.md`` found limiting. Catches compile errors before any
-GPU time is spent.
+body (the instructions between a backward branch and its target) with the shared-memory loads and stores in it.
+Static counts, not timings: they show whether a variant stages its decoded tile through shared memory (``STS`` /
+``LDSM``) or gathers from a table (``LDG`` inside the loop), which is what ``benchmarks/NOTES.md`` found limiting.
+Catches compile errors before any GPU time is spent.
 """
 from __future__ import annotations
 

@@ -33,7 +33,9 @@ def _prmt(a: int, b: int, selector: int) -> int:
 _OPS = {
     "and.b32": lambda a, b: a & b, "or.b32": lambda a, b: a | b, "xor.b32": lambda a, b: a ^ b,
     "shl.b32": lambda a, b: (a << b) & MASK, "shr.u32": lambda a, b: a >> b,
-    "mul.lo.u32": lambda a, b: (a * b) & MASK, "not.b32": lambda a: ~a & MASK,
+    "mul.lo.u32": lambda a, b: (a * b) & MASK, "mul.hi.u32": lambda a, b: (a * b) >> 32,
+    "mad.lo.u32": lambda a, b, c: (a * b + c) & MASK, "add.u32": lambda a, b: (a + b) & MASK,
+    "not.b32": lambda a: ~a & MASK,
     "prmt.b32": _prmt, "mov.b32": lambda a: a,
 }
 
@@ -101,6 +103,7 @@ def test_prmt_3bit_program_decodes_all_8_codes_of_a_group_word(dim) -> None:
     rng = np.random.default_rng(1)
     words = [sum(((c + k) % 8) << (3 * k) for k in range(8)) for c in range(8)]  # every code at every position
     words += [int(w) for w in rng.integers(0, 2 ** 24, size=1000)] + [0, 2 ** 24 - 1]
+    words += [w | int(top) << 24 for w, top in zip(words[:200], rng.integers(1, 256, size=200))]  # bits 24-31 ignored
     for word in words:
         out = run_ptx(_PRMT_DECODE3.value, {8: word, 9: tables[0], 10: tables[1], 11: tables[2], 12: tables[3]})
         assert [out[k] for k in range(8)] == [expected[(word >> (3 * k)) & 7] for k in range(8)], hex(word)

@@ -17,11 +17,12 @@ A kernel picks one with the ``DECODE`` constexpr (host option ``decoder``):
               looks up 4 codes in an 8-entry byte table held in two registers.
               4-bit codes (:func:`nibble_pair_values`): 16 values do not fit one 8-entry table, so the symmetric
               codebook's 8 magnitudes are looked up (sign bit + 3-bit magnitude index, as ``"select"``): per
-              32-bit word of 8 codes, 4 ops for the magnitude indices, 4 ``prmt`` for the low / high bytes of the
-              fp16 magnitudes, 4 ``prmt`` that interleave them into fp16 pairs and 8 ops that set the sign bits.
+              32-bit word of 8 codes, 3 ops for the magnitude indices (one an integer multiply), 4 ``prmt`` for
+              the low / high bytes of the fp16 magnitudes, 4 ``prmt`` that interleave them into fp16 pairs and 8
+              ops that set the sign bits.
               3-bit codes (:func:`three_bit_group_values`): the 8 signed centroids are the table itself, looked up
-              by the codes spread from 3-bit to 4-bit fields (9 shift / mask ops per 24-bit group word), then
-              8 ``prmt`` per 8 codes; no sign ops. ~2.5 instructions per code at either width. Other widths
+              by the codes spread from 3-bit to 4-bit fields (7 mask / multiply-add ops per 24-bit group word),
+              then 8 ``prmt`` per 8 codes; no sign ops. ~2.5 instructions per code at either width. Other widths
               use ``"table"`` (cheaper than ``"select"`` by instruction count: ``benchmarks/NOTES.md``, Session 5).
 ``"none"``    the raw code as fp16 (wrong values; the benchmark's attribution of time to the lookup).
 
@@ -132,21 +133,23 @@ def _byte_tables(table_ptr):
     return lo0, lo1, hi0, hi1
 
 
+def _magnitude_index_lines(src: str, dst: str) -> list[str]:
+    """PTX lines writing to ``dst`` the magnitude index of each 4-bit code i of ``src`` (8 nibbles): j = i - 8 for
+    i >= 8, 7 - i below (the symmetric codebook's ``c[i] = +-m_j``, module docstring), bit 3 of every nibble clear
+    (``prmt``'s default mode). With b the code's top bit, j = (i ^ 7 ^ 7b) & 7, and 7b in every nibble is the high word
+    of ``(src & 0x88888888) * 7 * 2^29``: an integer multiply, which runs beside the logic ops rather than among
+    them. Uses the scratch register ``s``."""
+    return [f"and.b32 s, {src}, 0x88888888;", "mul.hi.u32 s, s, 0xE0000000;", f"xor.b32 {dst}, {src}, s;",
+            f"not.b32 {dst}, {dst};", f"and.b32 {dst}, {dst}, 0x77777777;"]
+
+
 # One invocation: 4 code bytes in $4 (byte k: even code in the low nibble, odd code in the high nibble) -> even
 # values of bytes 0-3 as fp16 pairs in $0, $1, odd values in $2, $3. $5/$9/$13/$17: the byte tables of
-# _byte_tables (each input is passed 4 times, once per packed element). Magnitude index per nibble:
-# j = (n & 7) ^ (7 if the sign bit n & 8 is clear). Sign bits: byte 1 / 3 of s = bytes 0 / 1 (2 / 3) of the codes
-# puts the odd codes' sign bits at bits 15 / 31, and s << 4 the even codes'.
-_PRMT_DECODE4 = tl.constexpr("""
-{
-.reg .b32 t, j, lo, hi, s, e0, e1, o0, o1;
-not.b32 t, $4;
-shr.u32 t, t, 3;
-and.b32 t, t, 0x11111111;
-mul.lo.u32 t, t, 7;
-and.b32 j, $4, 0x77777777;
-xor.b32 j, j, t;
-prmt.b32 lo, $5, $9, j;
+# _byte_tables (each input is passed 4 times, once per packed element). Magnitude indices: _magnitude_index_lines.
+# Sign bits: byte 1 / 3 of s = bytes 0 / 1 (2 / 3) of the codes puts the odd codes' sign bits at bits 15 / 31, and
+# s << 4 the even codes'.
+_PRMT_DECODE4 = tl.constexpr("{\n.reg .b32 t, j, lo, hi, s, e0, e1, o0, o1;\n" + "\n".join(
+    _magnitude_index_lines("$4", "j") + """prmt.b32 lo, $5, $9, j;
 prmt.b32 hi, $13, $17, j;
 prmt.b32 e0, lo, hi, 0x6240;
 prmt.b32 o0, lo, hi, 0x7351;
@@ -174,9 +177,7 @@ or.b32 e1, e1, t;
 mov.b32 $0, e0;
 mov.b32 $1, e1;
 mov.b32 $2, o0;
-mov.b32 $3, o1;
-}
-""")
+mov.b32 $3, o1;""".splitlines()) + "\n}")
 _PRMT_CONSTRAINTS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 17))  # 4 outputs, 1 + 4 x 4 inputs
 
 
@@ -196,27 +197,29 @@ def nibble_pair_values(words, table_ptr, DECODE: tl.constexpr):
     return even, odd
 
 
+def _spread3_lines(src: str, dst: str) -> list[str]:
+    """PTX lines moving the 8 3-bit codes of the 24-bit group word ``src`` (code k at bit 3k; the bits above 24 may
+    hold anything) to nibbles of ``dst`` (code k at bits 4k..4k+2, bit 3 clear): the two 12-bit halves moved apart,
+    then :func:`_spread_halves_lines`. Uses the scratch register ``t``."""
+    return ([f"and.b32 t, {src}, 0xFFF000;", f"and.b32 {dst}, {src}, 0xFFF;", f"mad.lo.u32 {dst}, t, 16, {dst};"]
+            + _spread_halves_lines(dst))
+
+
+def _spread_halves_lines(x: str) -> list[str]:
+    """PTX lines spreading the 4 3-bit codes of each 12-bit field at bits 0 and 16 of ``x`` (nothing else set) to
+    nibbles, in place: 6-bit fields, then 3-bit fields moved apart. A field f of x moved up by s bits is
+    ``x + f * (2^s - 1)`` when nothing else is set where it lands, so each step is one mask and one integer
+    multiply-add (or add), not a mask, a shift and a merge. Uses the scratch register ``t``."""
+    return [f"and.b32 t, {x}, 0x0FC00FC0;", f"mad.lo.u32 {x}, t, 3, {x};",
+            f"and.b32 t, {x}, 0x38383838;", f"add.u32 {x}, {x}, t;"]
+
+
 # One invocation: the 24-bit word of a 3-bit group in $8 (code k at bits 3k..3k+2) -> the fp16 values of its 8 codes
 # in $0..$7 (16-bit registers). $9/$10/$11/$12: the byte tables of _byte_tables(table). The codes are spread to
-# nibbles (code k at bits 4k..4k+2: 12 / 6 / 3-bit fields moved apart in three shift-and-mask steps) so that one
-# prmt selector holds 4 codes; each prmt pair then yields the low and high bytes of 4 values, interleaved into
-# 2 fp16 pairs and unpacked into the outputs.
-_PRMT_DECODE3 = tl.constexpr("""
-{
-.reg .b32 n, t, lo, hi, v;
-and.b32 n, $8, 0xFFF;
-and.b32 t, $8, 0xFFF000;
-shl.b32 t, t, 4;
-or.b32 n, n, t;
-and.b32 t, n, 0x0FC00FC0;
-and.b32 n, n, 0x003F003F;
-shl.b32 t, t, 2;
-or.b32 n, n, t;
-and.b32 t, n, 0x38383838;
-and.b32 n, n, 0x07070707;
-shl.b32 t, t, 1;
-or.b32 n, n, t;
-prmt.b32 lo, $9, $10, n;
+# nibbles (_spread3_lines) so that one prmt selector holds 4 codes; each prmt pair then yields the low and high bytes
+# of 4 values, interleaved into 2 fp16 pairs and unpacked into the outputs.
+_PRMT_DECODE3 = tl.constexpr("{\n.reg .b32 n, t, lo, hi, v;\n" + "\n".join(
+    _spread3_lines("$8", "n") + """prmt.b32 lo, $9, $10, n;
 prmt.b32 hi, $11, $12, n;
 prmt.b32 v, lo, hi, 0x5140;
 mov.b32 {$0, $1}, v;
@@ -228,9 +231,7 @@ prmt.b32 hi, $11, $12, n;
 prmt.b32 v, lo, hi, 0x5140;
 mov.b32 {$4, $5}, v;
 prmt.b32 v, lo, hi, 0x7362;
-mov.b32 {$6, $7}, v;
-}
-""")
+mov.b32 {$6, $7}, v;""".splitlines()) + "\n}")
 _PRMT3_CONSTRAINTS = tl.constexpr(",".join(["=h"] * 8 + ["r"] * 5))  # 8 fp16 outputs, the word + 4 tables
 
 
@@ -273,10 +274,9 @@ def _nibble_pair_lines(src: str, outs: list[str]) -> list[str]:
     codes, 2 for codes 0, 1, 4, 5 alone). As :data:`_PRMT_DECODE4` (sign bit + 3-bit magnitude index, the magnitudes
     looked up in the byte tables ``$T0..$T3``), but the sign bits of a pair sit 16 bits apart in ``src`` (bits
     4n + 3 and 4n + 19), so one shift and one ``lop3`` set both (sign set where the code's top bit is clear). Per 8
-    codes: 4 ops for the magnitude indices, 2 ``prmt`` that gather the selector nibbles, 4 + 4 ``prmt`` for the table
-    bytes and their interleaving, 7 for the signs."""
-    lines = [f"not.b32 s, {src};", "shr.u32 s, s, 3;", "and.b32 s, s, 0x11111111;", "mul.lo.u32 s, s, 7;",
-             f"and.b32 j, {src}, 0x77777777;", "xor.b32 j, j, s;"]
+    codes: 3 ops for the magnitude indices (:func:`_magnitude_index_lines`), 2 ``prmt`` that gather the selector
+    nibbles, 4 + 4 ``prmt`` for the table bytes and their interleaving, 7 for the signs."""
+    lines = _magnitude_index_lines(src, "j")
     for half, selector in ((0, "0x4420"), (1, "0x4431"))[:len(outs) // 2]:  # bytes 0, 2 / 1, 3 of j: codes
         lines += [f"prmt.b32 sel, j, 0, {selector};", "prmt.b32 lo, $T0, $T1, sel;",  # (0, 1, 4, 5) / (2, 3, 6, 7)
                   "prmt.b32 hi, $T2, $T3, sel;"]
@@ -307,16 +307,6 @@ PRMT_PAIR4 = tl.constexpr("{\n.reg .b32 s, j, sel, lo, hi, r, t, x;\n" + "\n".jo
      "prmt.b32 x, $8, $9, 0x7632;", *_nibble_pair_lines("x", ["$4", "$5", "$6", "$7"])],
     ("$10", "$12", "$14", "$16"))) + "\n}")
 PRMT_PAIR4_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 10))
-
-
-def _spread3_lines(src: str, dst: str) -> list[str]:
-    """PTX lines moving the 8 3-bit codes of the 24-bit group word ``src`` (code k at bit 3k) to nibbles of ``dst``
-    (code k at bit 4k): 12-, 6- and 3-bit fields moved apart in three shift-and-mask steps (as in
-    :data:`_PRMT_DECODE3`)."""
-    return [f"and.b32 {dst}, {src}, 0xFFF;", f"and.b32 t, {src}, 0xFFF000;", "shl.b32 t, t, 4;",
-            f"or.b32 {dst}, {dst}, t;", f"and.b32 t, {dst}, 0x0FC00FC0;", f"and.b32 {dst}, {dst}, 0x003F003F;",
-            "shl.b32 t, t, 2;", f"or.b32 {dst}, {dst}, t;", f"and.b32 t, {dst}, 0x38383838;",
-            f"and.b32 {dst}, {dst}, 0x07070707;", "shl.b32 t, t, 1;", f"or.b32 {dst}, {dst}, t;"]
 
 
 def _selector_lookup_lines(selector: str, first: str, second: str, tables: tuple[str, ...]) -> list[str]:
@@ -358,9 +348,7 @@ def _pair_mixed_lines() -> list[str]:
     field are masked away, so a slot's bits 28-31 may hold anything."""
     four = _with_tables(["prmt.b32 x, $8, $9, 0x5410;", *_nibble_pair_lines("x", ["$0", "$1", "$2", "$3"])],
                         ("$10", "$12", "$14", "$16"))
-    three = ["prmt.b32 x, $8, $9, 0x7632;",
-             "and.b32 t, x, 0x0FC00FC0;", "and.b32 x, x, 0x003F003F;", "shl.b32 t, t, 2;", "or.b32 x, x, t;",
-             "and.b32 t, x, 0x38383838;", "and.b32 x, x, 0x07070707;", "shl.b32 t, t, 1;", "or.b32 x, x, t;",
+    three = ["prmt.b32 x, $8, $9, 0x7632;", "and.b32 x, x, 0x0FFF0FFF;", *_spread_halves_lines("x"),
              "shr.u32 t, x, 12;", "and.b32 t, t, 0xF0F0;", "and.b32 se, x, 0x0F0F;", "or.b32 se, se, t;",
              "shr.u32 t, x, 4;", "and.b32 so, t, 0x0F0F;", "shr.u32 t, x, 16;", "and.b32 t, t, 0xF0F0;",
              "or.b32 so, so, t;"]
