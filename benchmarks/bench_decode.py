@@ -53,7 +53,7 @@ def sdpa_best(timer: Timer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
 
 
 
-def _packed_cache(bsz: int, ctx: int, k_bits: float, v_bits: float, head_dim: int, device: torch.device) -> tuple:
+def packed_cache(bsz: int, ctx: int, k_bits: float, v_bits: float, head_dim: int, device: torch.device) -> tuple:
     """Random packed K/V codes, their :class:`CacheFormat` and per-(row, KV head) channel orders: ``bits`` 1-4 is one
     TurboQuant_mse group per stream, 3.5 the paper's outlier preset (32 channels at 4 bits, the other
     ``head_dim - 32`` at 3, each group with its own Haar rotation, a random channel order per row and KV head, as the
@@ -118,7 +118,7 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
             else:
                 baselines[size] = ("none (cpu)", float("nan"))
         base_name, t_base = baselines[size]
-        keys, values, cache_format, perms = _packed_cache(bsz, ctx, k_bits, v_bits, head_dim, device)
+        keys, values, cache_format, perms = packed_cache(bsz, ctx, k_bits, v_bits, head_dim, device)
         seq_lens = torch.full((bsz,), ctx, dtype=torch.int32, device=device)
         rb, n_check = min(bsz, 2), min(ctx, 4096)
         check_lens = torch.randint(1, n_check + 1, (rb,), dtype=torch.int32, device=device)

@@ -1,10 +1,13 @@
-"""One launch of the quantize kernel (16M x 128 fp16, 4-bit) and of the one-group decode split kernel (B=8, 32K
-tokens, K4V4), for ncu:
+"""One launch of each kernel the benchmark's default rows run, at the issue-12 shapes, for ncu:
 
-    ncu ... -k regex:"quantize_mse|decode_split|merge|rotate" python -m benchmarks.ncu_quantize_decode
-    ncu ... -k regex:"mma_split|merge|rotate" python -m benchmarks.ncu_quantize_decode --kernel mma --no-quantize
+    ncu ... -k regex:"quantize|mma_" python -m benchmarks.ncu_quantize_decode            # every op
+    ncu ... -k regex:"mma_split|merge|rotate" python -m benchmarks.ncu_quantize_decode --ops decode
 
-Output of session 2: ``results/kernels/session2/ncu_quantize_decode.txt``."""
+``quantize``: 16M x 128 fp16 rows at 4, 3 and 2 bits (``quantize_mse_triton``, ``kernel="auto"``); ``prod``: the
+same rows, TurboQuant_prod at 4 bits (3-bit codes + QJL signs); ``scores``: logits of B=8, 32K 4-bit keys through
+the register-operand kernel; ``decode``: B=8, 32K decode attention over K4V4, K3V3 and the 3.5-bit outlier preset
+(``kernel="auto"``; the benchmark's random caches). Profiled by ``scripts/h200_kernels.sh`` with ``NCU=1``; outputs
+of earlier sessions under ``results/kernels/session*/ncu_*.txt``."""
 from __future__ import annotations
 
 import argparse
@@ -13,33 +16,65 @@ import torch
 
 from .utils import HEAD_DIM, HEADS_KV, HEADS_Q, random_norms, random_packed
 
+OPS = ("quantize", "prod", "scores", "decode")
+BATCH, TOKENS, ROWS = 8, 32768, 1 << 24
+
+
+def _quantize(device: torch.device, prod: bool) -> None:
+    import turboquant as tq
+    from turboquant.kernels.quantize import quantize_mse_triton
+    from turboquant.kernels.quantize_prod import quantize_prod_triton
+
+    x = torch.randn(ROWS, HEAD_DIM, device=device, dtype=torch.float16)
+    rotation = tq.make_rotation("haar", HEAD_DIM, seed=0, device=device).matrix()
+    if prod:
+        codebook = tq.lloyd_max_codebook(HEAD_DIM, 3)
+        qjl = torch.randn(HEAD_DIM, HEAD_DIM, device=device)
+        quantize_prod_triton(x, rotation, codebook.boundaries, codebook.centroids_tensor(device), 3, qjl)
+        return
+    for bits in (4, 3, 2):
+        quantize_mse_triton(x, rotation, tq.lloyd_max_codebook(HEAD_DIM, bits).boundaries, bits,
+                            norms_dtype=torch.float16)
+
+
+def _scores(device: torch.device) -> None:
+    import turboquant as tq
+    from turboquant.kernels.scores import mse_scores_triton
+
+    batch = BATCH * HEADS_KV
+    q = torch.randn(batch, HEADS_Q // HEADS_KV, HEAD_DIM, device=device)
+    codes, norms = random_packed((batch, TOKENS), HEAD_DIM, 4, device), random_norms((batch, TOKENS), device)
+    mse_scores_triton(q, codes, norms, tq.lloyd_max_codebook(HEAD_DIM, 4).centroids_tensor(device, torch.float32), 4,
+                      kernel="mma")
+
+
+def _decode(device: torch.device) -> None:
+    from turboquant.kernels.decode_attention import decode_attention_groups_triton
+
+    from .bench_decode import packed_cache
+
+    seq_lens = torch.full((BATCH,), TOKENS, dtype=torch.int32, device=device)
+    q = torch.randn(BATCH, HEADS_Q, HEAD_DIM, device=device, dtype=torch.bfloat16)
+    for bits in (4, 3, 3.5):
+        keys, values, cache_format, perms = packed_cache(BATCH, TOKENS, bits, bits, HEAD_DIM, device)
+        decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, **perms)
+        del keys, values
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--kernel", choices=["tiles", "mma"], default="tiles", help="the decode split kernel")
-    parser.add_argument("--no-quantize", action="store_true", help="launch the decode kernels only")
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
     args = parser.parse_args(argv)
-    import turboquant as tq
-    from turboquant.kernels.decode_attention import decode_attention_triton
-    from turboquant.kernels.quantize import quantize_mse_triton
-
     device = torch.device("cuda")
-    codebook = tq.lloyd_max_codebook(HEAD_DIM, 4)
-    rotation = tq.make_rotation("haar", HEAD_DIM, seed=0, device=device).matrix()
-    if not args.no_quantize:
-        x = torch.randn(1 << 24, HEAD_DIM, device=device, dtype=torch.float16)
-        quantize_mse_triton(x, rotation, codebook.boundaries, 4)
-    batch, tokens = 8, 32768
-    lead = (batch, HEADS_KV, tokens)
-    cache = [random_packed(lead, HEAD_DIM, 4, device), random_norms(lead, device),
-             random_packed(lead, HEAD_DIM, 4, device), random_norms(lead, device)]
-    q = torch.randn(batch, HEADS_Q, HEAD_DIM, device=device, dtype=torch.bfloat16)
-    centroids = codebook.centroids_tensor(device)
-    decode_attention_triton(q, *cache, torch.full((batch,), tokens, dtype=torch.int32, device=device),
-                            k_centroids=centroids, v_centroids=centroids, k_bits=4, v_bits=4, rotation=rotation,
-                            kernel=args.kernel)
-    torch.cuda.synchronize()
-    print("done")
+    for op in args.ops:
+        if op in ("quantize", "prod"):
+            _quantize(device, prod=op == "prod")
+        elif op == "scores":
+            _scores(device)
+        else:
+            _decode(device)
+        torch.cuda.synchronize()
+        print(op, "done", flush=True)
     return 0
 
 

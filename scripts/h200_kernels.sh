@@ -7,7 +7,8 @@
 # (TEST_SECONDS, RUN_SECONDS) so that a hang still returns what finished. Wheels (hydra-core, omegaconf, antlr4,
 # platformdirs; not in the device image) are installed from .whl/ (carry it). $OUT receives gpu.txt (GPU, driver,
 # commit), pytest.txt, log.txt, kernels.md, results.csv and the run record (two folders deep at most).
-# NCU=1 adds ncu of the quantize kernels (benchmarks/ncu_quantize_decode.py's sections) as ncu_quantize.txt.
+# NCU=1 adds ncu of one launch of each default kernel (benchmarks/ncu_quantize_decode.py: quantize at 4 / 3 / 2 bits,
+# prod, scores and decode at B=8/32K) as ncu_kernels.txt.
 set -uo pipefail
 set_name=${1:?kernels set (configs/kernels_set/NAME.yaml)}
 shift
@@ -30,17 +31,9 @@ cp /tmp/kr/kernels/kernels.md /tmp/kr/kernels/results.csv "$OUT/" 2>/dev/null
 mkdir -p "$OUT/runs" && cp /tmp/kr/kernels/runs/*.json "$OUT/runs/" 2>/dev/null
 grep -E "^\| |FAILED" "$OUT/log.txt" | grep -v "^| op \|^|---" | cut -c1-200 | tail -40
 if [ -n "${NCU:-}" ]; then
-  cat > /tmp/ncu_quantize.py <<'EOF'
-import torch, turboquant as tq
-from turboquant.kernels.quantize import quantize_mse_triton
-x = torch.randn(16777216, 128, device="cuda").half()
-rotation = tq.make_rotation("haar", 128, seed=0).matrix().cuda()
-for bits in (4, 3, 2):
-    quantize_mse_triton(x, rotation, tq.lloyd_max_codebook(128, bits).boundaries, bits, norms_dtype=torch.float16)
-torch.cuda.synchronize()
-EOF
-  timeout "${NCU_SECONDS:-120}" ncu --clock-control none -k regex:quantize --section SpeedOfLight --section Occupancy \
-    --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-    --section MemoryWorkloadAnalysis python3 /tmp/ncu_quantize.py > "$OUT/ncu_quantize.txt" 2>&1
+  timeout "${NCU_SECONDS:-180}" ncu --clock-control none -k regex:"quantize|mma_" --section SpeedOfLight \
+    --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
+    python3 -m benchmarks.ncu_quantize_decode > "$OUT/ncu_kernels.txt" 2>&1
   echo "ncu: exit $?"
 fi
