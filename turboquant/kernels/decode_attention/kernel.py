@@ -15,7 +15,9 @@ Kernels 2 and 3: :func:`merge_kernel`, one program per (batch row, KV head, slic
 splits of its GQA group by their log-sum-exp in one pass; :func:`rotate_kernel`, one program per (batch row, KV head,
 slice of output channels), applies the block-diagonal ``Pi_V^T``, writing the output in the query's dtype, scattered
 through ``perm_V`` when values are split. Each grid has several programs per (row, KV head): at small batch a program
-per (row, KV head) leaves most SMs idle while it walks the splits.
+per (row, KV head) leaves most SMs idle while it walks the splits. The same :func:`rotate_kernel` prepares the query
+before kernel 1 (gathered into the key order, times the query map, fp16), one launch where a cast, a gather, a
+matmul and a cast were four.
 """
 from __future__ import annotations
 
@@ -337,14 +339,16 @@ def merge_kernel(
 
 @triton.jit
 def rotate_kernel(
-    o_rot_ptr, rot_ptr, perm_ptr, out_ptr, dim,
-    stride_rb, stride_rh, stride_ob, stride_oh, stride_mb, stride_mh,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_J: tl.constexpr,
-    PERMUTED: tl.constexpr,
+    x_ptr, mat_ptr, perm_ptr, out_ptr, dim, cols,
+    stride_xb, stride_xh, stride_ad, stride_aj, stride_ob, stride_oh, stride_mb, stride_mh,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_J: tl.constexpr, PERMUTE: tl.constexpr,
 ):
-    """Output channels ``program_id(2) * BLOCK_J`` onward of the GQA group of (batch row, KV head):
-    ``o = o_rot Pi_V`` (the block-diagonal Pi_V^T applied to the merged rotated output) in the output's dtype,
-    scattered to ``perm_V[b, kv_head, j]`` when ``PERMUTED``."""
+    """Output columns ``program_id(2) * BLOCK_J`` onward of the GQA group of (batch row, KV head):
+    ``out = x @ mat`` for the group's rows of ``x`` (any float dtype, summed in float32; ``mat`` (dim, cols) float32,
+    strides ``stride_ad``, ``stride_aj``), written in the output's dtype. ``PERMUTE``: ``"none"``; ``"input"``: x's columns gathered through the
+    (batch row, KV head)'s channel order, ``x_P[d] = x[perm[d]]`` (the query in a split cache's key order);
+    ``"output"``: the output scattered through it, ``out[perm[j]] = o[j]`` (the merged output back in the model's
+    value order)."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -353,14 +357,20 @@ def rotate_kernel(
     d_offs = tl.arange(0, BLOCK_D)
     d_mask = d_offs < dim
     j_offs = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
-    j_mask = j_offs < dim
-    o_rot = tl.load(o_rot_ptr + b * stride_rb + heads[:, None] * stride_rh + d_offs[None, :],
-                    mask=row_mask[:, None] & d_mask[None, :], other=0.0)
-    rot = tl.load(rot_ptr + d_offs[:, None] * dim + j_offs[None, :], mask=d_mask[:, None] & j_mask[None, :], other=0.0)
-    o = tl.sum(o_rot[:, :, None] * rot[None, :, :], axis=1)
-    if PERMUTED:
-        channels = tl.load(perm_ptr + b * stride_mb + kv_head * stride_mh + j_offs, mask=j_mask, other=0)
+    j_mask = j_offs < cols
+    perm_row = perm_ptr + b * stride_mb + kv_head * stride_mh
+    if PERMUTE == "input":
+        x_cols = tl.load(perm_row + d_offs, mask=d_mask, other=0)
     else:
-        channels = j_offs
-    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + channels[None, :], o.to(out_ptr.dtype.element_ty),
+        x_cols = d_offs
+    x = tl.load(x_ptr + b * stride_xb + heads[:, None] * stride_xh + x_cols[None, :],
+                mask=row_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
+    mat = tl.load(mat_ptr + d_offs[:, None] * stride_ad + j_offs[None, :] * stride_aj,
+                  mask=d_mask[:, None] & j_mask[None, :], other=0.0)
+    o = tl.sum(x[:, :, None] * mat[None, :, :], axis=1)
+    if PERMUTE == "output":
+        out_cols = tl.load(perm_row + j_offs, mask=j_mask, other=0)
+    else:
+        out_cols = j_offs
+    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + out_cols[None, :], o.to(out_ptr.dtype.element_ty),
              mask=row_mask[:, None] & j_mask[None, :])

@@ -170,33 +170,52 @@ def decode_attention_groups_triton(
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     plan = split_plan(cache_format, batch, n_heads, n_kv_heads, max_tokens, q.device, kernel=kernel, decoder=decoder,
                       inner=inner, lookup=lookup, block_n=block_n, num_splits=num_splits, num_stages=num_stages)
-    q_keyed = q.to(torch.float32)
-    if key_permutation is not None:  # q_P: the GQA group of query heads shares its KV head's channel order
-        grouped = q_keyed.view(batch, n_kv_heads, group, dim)
-        index = key_permutation.to(device=q.device, dtype=torch.int64)[:, :, None].expand(-1, -1, group, -1)
-        q_keyed = grouped.gather(-1, index).view(batch, n_heads, dim)
+    # q_P (the GQA group of query heads shares its KV head's channel order) times the kernel's query map, fp16
+    query_map = cache_format.mma_query_map if plan.kernel == "mma" else cache_format.query_map
+    q_mapped = torch.empty((batch, n_heads, query_map.shape[1]), dtype=torch.float16, device=q.device)
+    _rotate(q, query_map, q_mapped, group, key_permutation, "input")
     tokens_per_split, num_splits = plan.tokens_per_split, plan.num_splits
     part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q.device)
     if plan.kernel == "mma":  # Gluon, imported only here: Triton releases before Gluon still run the tile kernel
         from .mma import mma_split
 
-        q_rot = (q_keyed @ cache_format.mma_query_map).to(torch.float16)
-        mma_split(q_rot, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split,
+        mma_split(q_mapped, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split,
                   plan.block_n, scale * math.log2(math.e), num_stages > 1)
     else:
-        _tiles_split(q_keyed, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split, scale,
+        _tiles_split(q_mapped, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split, scale,
                      group, plan.block_n, plan.decoder if lookup else "none", inner, num_warps, num_stages)
     return _combine(part_out, part_lse, cache_format, value_permutation, q.dtype, group, return_lse)
 
 
-def _tiles_split(q_keyed: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors],
+def _rotate(x: torch.Tensor, mat: torch.Tensor, out: torch.Tensor, group: int, permutation: torch.Tensor | None,
+            permute: str) -> None:
+    """Launch :func:`.kernel.rotate_kernel`: ``out[b, h] = x[b, h] @ mat`` per GQA group of ``group`` heads, x's
+    columns gathered through ``permutation`` (batch, kv_heads, dim) when ``permute="input"``, out's scattered through
+    it when ``"output"``; no permutation when it is None."""
+    x = _row_contiguous(x)
+    batch, n_heads, dim = x.shape
+    cols = mat.shape[1]
+    if permutation is None:
+        permute, permutation = "none", out  # the stand-in is never read
+    else:
+        permutation = permutation.to(out.device)
+    rows, block_d = pow2_at_least(group, floor=1), pow2_at_least(dim)
+    block_j = min(max(1, _COMBINE_TILE // (rows * block_d)), pow2_at_least(cols))
+    rotate_kernel[(batch, n_heads // group, triton.cdiv(cols, block_j))](
+        x, mat, permutation, out, dim, cols, x.stride(0), x.stride(1), mat.stride(0), mat.stride(1), out.stride(0),
+        out.stride(1), permutation.stride(0), permutation.stride(1),
+        GROUP=group, BLOCK_M=rows, BLOCK_D=block_d, BLOCK_J=block_j, PERMUTE=permute, num_warps=4,
+    )
+
+
+def _tiles_split(q_stages: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors],
                  seq_lens: torch.Tensor, cache_format: CacheFormat, part_out: torch.Tensor, part_lse: torch.Tensor,
                  tokens_per_split: int, scale: float, group: int, block_n: int, decode: str, inner: str,
                  num_warps: int, num_stages: int) -> None:
-    """Launch :func:`.kernel.decode_split_kernel` over ``part_out`` / ``part_lse``."""
-    batch, n_kv_heads, num_splits = q_keyed.shape[0], keys[0].codes.shape[1], part_out.shape[2]
-    q_stages = (q_keyed @ cache_format.query_map).to(torch.float16)
+    """Launch :func:`.kernel.decode_split_kernel` over ``part_out`` / ``part_lse``; ``q_stages``: the query times
+    :attr:`CacheFormat.query_map`, fp16."""
+    batch, n_kv_heads, num_splits = q_stages.shape[0], keys[0].codes.shape[1], part_out.shape[2]
     stand_in = keys[0]
     k_args = [_key_group_args(keys[g] if g < len(keys) else None,
                               cache_format.key_tables[g] if g < len(keys) else None, stand_in)
@@ -224,7 +243,6 @@ def _combine(part_out: torch.Tensor, part_lse: torch.Tensor, cache_format: Cache
     o_rot = torch.empty((batch, n_heads, dim), dtype=torch.float32, device=device)
     out = torch.empty((batch, n_heads, dim), dtype=dtype, device=device)
     lse = torch.empty((batch, n_heads), dtype=torch.float32, device=device) if return_lse else part_lse
-    perm = part_lse if value_permutation is None else value_permutation.to(device)
     rows, block_d = pow2_at_least(group, floor=1), pow2_at_least(dim)
     slice_ = min(_MERGE_SLICE, block_d)
     merge_kernel[(batch, n_heads // group, triton.cdiv(dim, slice_))](
@@ -234,13 +252,7 @@ def _combine(part_out: torch.Tensor, part_lse: torch.Tensor, cache_format: Cache
         GROUP=group, BLOCK_M=rows, BLOCK_S=min(max(1, _COMBINE_TILE // (rows * slice_)), pow2_at_least(num_splits, 1)),
         SLICE=slice_, WRITE_LSE=return_lse, num_warps=4,
     )
-    block_j = min(max(1, _COMBINE_TILE // (rows * block_d)), block_d)
-    rotate_kernel[(batch, n_heads // group, triton.cdiv(dim, block_j))](
-        o_rot, cache_format.value_rotation, perm, out, dim,
-        o_rot.stride(0), o_rot.stride(1), out.stride(0), out.stride(1), perm.stride(0), perm.stride(1),
-        GROUP=group, BLOCK_M=rows, BLOCK_D=block_d, BLOCK_J=block_j, PERMUTED=value_permutation is not None,
-        num_warps=4,
-    )
+    _rotate(o_rot, cache_format.value_rotation, out, group, value_permutation, "output")
     return (out, lse) if return_lse else out
 
 
