@@ -123,22 +123,37 @@ def value_words_layout(block_n, pairs_first):
 
 
 @gluon.jit
-def _row_words(rows, tokens, live, stride, cols):
-    """int32 words ``cols`` (a 1-D tensor over the slot axis) of the rows of ``tokens`` (0 where not ``live``)."""
-    return gl.load(rows + tokens.to(gl.int64)[:, None] * stride + cols[None, :], mask=live, other=0)
+def gather_words(pointers, live):
+    """The int32 words at ``pointers`` (0 where not ``live``): what a ``*_slot_source`` names, loaded into registers
+    in its layout (the kernel may instead copy it to shared memory and read it back in that layout)."""
+    return gl.load(pointers, mask=live, other=0)
 
 
 @gluon.jit
-def key_slots(rows, tokens, tok_mask, slot, stride, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
-    """(BLOCK_N, 16) int32 *slots* of key rows in :func:`key_words_layout`: slot 4t + i holds the 8 codes of rotated
-    channels 32t + 8i .. 32t + 8i + 7 (``slot``: the slot index, an arange over the layout's column axis). 4-bit rows:
-    the slot is word 4t + i (one 16-byte load per lane). 3-bit rows (12 words): lane t loads words 3t .. 3t + 2 (96
-    bits, its 32 channels) into slots 4t .. 4t + 2 and cuts them into four 24-bit group words."""
+def _row_pointers(rows, tokens, stride, cols):
+    """Pointers to the int32 words ``cols`` (a 1-D tensor over the slot axis) of the rows of ``tokens``."""
+    return rows + tokens.to(gl.int64)[:, None] * stride + cols[None, :]
+
+
+@gluon.jit
+def key_slot_source(rows, tokens, tok_mask, slot, stride, BITS: gl.constexpr):
+    """(pointers, live mask) of the words :func:`key_slots` reads, in :func:`key_words_layout`."""
     if BITS == 4:
-        words = _row_words(rows, tokens, tok_mask[:, None], stride, slot)
+        pointers = _row_pointers(rows, tokens, stride, slot)
+        live = tok_mask[:, None]
     else:
         i = slot & 3
-        loaded = _row_words(rows, tokens, tok_mask[:, None] & (i < 3)[None, :], stride, 3 * (slot >> 2) + i)
+        pointers = _row_pointers(rows, tokens, stride, 3 * (slot >> 2) + i)
+        live = tok_mask[:, None] & (i < 3)[None, :]
+    return pointers, live
+
+
+@gluon.jit
+def cut_key_slots(loaded, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
+    """The key slots of :func:`key_slots` from the words its source names (``loaded``)."""
+    if BITS == 4:
+        words = loaded
+    else:
         loaded = gl.reshape(loaded.to(gl.uint32, bitcast=True), (BLOCK_N, 4, 2, 2))  # token, t, i1, i0
         even, odd = gl.split(loaded)  # i0 = 0: words i = 0, 2; i0 = 1: words 1, 3 (3 unused)
         w0, w2 = gl.split(even)
@@ -153,16 +168,33 @@ def key_slots(rows, tokens, tok_mask, slot, stride, BLOCK_N: gl.constexpr, BITS:
 
 
 @gluon.jit
-def value_slots(rows, tokens, tok_mask, slot, stride, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
-    """(BLOCK_N, 16) int32 slots of value rows in ``value_words_layout(BLOCK_N, False)``: slot 2g + w holds the 8 codes
-    of rotated channels 16g + 8w .. 16g + 8w + 7. 4-bit rows: the slot is word 2g + w (one 8-byte load per lane and
-    token). 3-bit rows: lane g's 48 bits start at bit 48g, inside words floor(3g / 2) and the next; both are loaded
-    and the two 24-bit group words cut out at bit offset 16 (g odd) or 0."""
+def key_slots(rows, tokens, tok_mask, slot, stride, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
+    """(BLOCK_N, 16) int32 *slots* of key rows in :func:`key_words_layout`: slot 4t + i holds the 8 codes of rotated
+    channels 32t + 8i .. 32t + 8i + 7 (``slot``: the slot index, an arange over the layout's column axis). 4-bit rows:
+    the slot is word 4t + i (one 16-byte load per lane). 3-bit rows (12 words): lane t loads words 3t .. 3t + 2 (96
+    bits, its 32 channels) into slots 4t .. 4t + 2 and cuts them into four 24-bit group words."""
+    pointers, live = key_slot_source(rows, tokens, tok_mask, slot, stride, BITS)
+    return cut_key_slots(gather_words(pointers, live), BLOCK_N, BITS)
+
+
+@gluon.jit
+def value_slot_source(rows, tokens, tok_mask, slot, stride, BITS: gl.constexpr):
+    """(pointers, live mask) of the words :func:`value_slots` reads, in ``value_words_layout(BLOCK_N, False)``."""
     if BITS == 4:
-        words = _row_words(rows, tokens, tok_mask[:, None], stride, slot)
+        cols = slot
     else:
         g = slot >> 1
-        loaded = _row_words(rows, tokens, tok_mask[:, None], stride, 3 * (g >> 1) + (g & 1) + (slot & 1))
+        cols = 3 * (g >> 1) + (g & 1) + (slot & 1)
+    return _row_pointers(rows, tokens, stride, cols), tok_mask[:, None]
+
+
+@gluon.jit
+def cut_value_slots(loaded, slot, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
+    """The value slots of :func:`value_slots` from the words its source names (``loaded``)."""
+    if BITS == 4:
+        words = loaded
+    else:
+        g = slot >> 1
         low, high = gl.split(gl.reshape(loaded.to(gl.uint32, bitcast=True), (BLOCK_N, 8, 2)))
         offset, _ = gl.split(gl.reshape(gl.zeros_like(loaded) + (16 * (g & 1))[None, :], (BLOCK_N, 8, 2)))
         both = low.to(gl.uint64) | (high.to(gl.uint64) << 32)
@@ -171,6 +203,16 @@ def value_slots(rows, tokens, tok_mask, slot, stride, BLOCK_N: gl.constexpr, BIT
         words = gl.reshape(gl.join(first, second).to(gl.uint32), (BLOCK_N, 16)).to(gl.int32, bitcast=True)
         words = gl.convert_layout(words, value_words_layout(BLOCK_N, False), assert_trivial=True)
     return words
+
+
+@gluon.jit
+def value_slots(rows, tokens, tok_mask, slot, stride, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
+    """(BLOCK_N, 16) int32 slots of value rows in ``value_words_layout(BLOCK_N, False)``: slot 2g + w holds the 8 codes
+    of rotated channels 16g + 8w .. 16g + 8w + 7. 4-bit rows: the slot is word 2g + w (one 8-byte load per lane and
+    token). 3-bit rows: lane g's 48 bits start at bit 48g, inside words floor(3g / 2) and the next; both are loaded
+    and the two 24-bit group words cut out at bit offset 16 (g odd) or 0."""
+    pointers, live = value_slot_source(rows, tokens, tok_mask, slot, stride, BITS)
+    return cut_value_slots(gather_words(pointers, live), slot, BLOCK_N, BITS)
 
 
 @gluon.jit
@@ -193,18 +235,21 @@ def _funnel(low, high, shift):
 
 
 @gluon.jit
-def split_key_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, stride, BLOCK_N: gl.constexpr):
-    """(BLOCK_N, 16) int32 slots (``_key_slot_channel``) of a split key stream in :func:`key_words_layout`:
-    ``outlier_rows`` the 4-bit outlier rows (4 words), ``rows`` the 3-bit rows (9 words). Lane t loads outlier word t
-    and the 3-bit words 2t, 2t + 1, 2t + 2 (its 24 codes are the 72 bits at bit 8t of them). Mixed slots 4t + i,
-    i = 0, 1: half i of the outlier word in bits 0-15, 3-bit codes 4i .. 4i + 3 above; slots 4t + 2, 4t + 3: 3-bit codes
-    8 .. 15 and 16 .. 23 in bits 0-23. Bits above the codes a slot's program reads may hold anything."""
+def split_key_slot_source(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, stride):
+    """(pointers, live mask) of the words :func:`split_key_slots` reads, in :func:`key_words_layout`: slot 4t of a
+    token points at its outlier word t, slot 4t + i (i > 0) at its 3-bit word 2t + i - 1."""
     i = slot & 3
     t = slot >> 2
-    live = tok_mask[:, None]
     base = gl.where((i == 0)[None, :], outlier_rows + tokens.to(gl.int64)[:, None] * outlier_stride + t[None, :],
                     rows + tokens.to(gl.int64)[:, None] * stride + (2 * t + i - 1)[None, :])
-    loaded = gl.load(base, mask=live, other=0).to(gl.uint32, bitcast=True)
+    return base, tok_mask[:, None]
+
+
+@gluon.jit
+def cut_split_key_slots(loaded, slot, BLOCK_N: gl.constexpr):
+    """The slots of :func:`split_key_slots` from the words its source names (``loaded``)."""
+    t = slot >> 2
+    loaded = loaded.to(gl.uint32, bitcast=True)
     even, odd = gl.split(gl.reshape(loaded, (BLOCK_N, 4, 2, 2)))  # token, t, i1, i0
     outlier, w1 = gl.split(even)  # i = 0: outlier word t; i = 2: 3-bit word 2t + 1
     w0, w2 = gl.split(odd)  # i = 1, 3: 3-bit words 2t, 2t + 2
@@ -221,20 +266,36 @@ def split_key_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, 
 
 
 @gluon.jit
-def split_value_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, stride, BLOCK_N: gl.constexpr):
-    """(BLOCK_N, 16) int32 slots (``_value_slot_channel``) of a split value stream in
-    ``value_words_layout(BLOCK_N, False)``. Lane group g loads the 3-bit words g and g + 1 (its 12 codes are the 36
-    bits at bit 4g of them) and outlier word g >> 1 (its 4 outlier codes are half g & 1 of it). Mixed slot 2g: the
-    outlier half in bits 0-15, 3-bit codes 0-3 above; slot 2g + 1: 3-bit codes 4-11 in bits 0-23."""
+def split_key_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, stride, BLOCK_N: gl.constexpr):
+    """(BLOCK_N, 16) int32 slots (``_key_slot_channel``) of a split key stream in :func:`key_words_layout`:
+    ``outlier_rows`` the 4-bit outlier rows (4 words), ``rows`` the 3-bit rows (9 words). Lane t loads outlier word t
+    and the 3-bit words 2t, 2t + 1, 2t + 2 (its 24 codes are the 72 bits at bit 8t of them). Mixed slots 4t + i,
+    i = 0, 1: half i of the outlier word in bits 0-15, 3-bit codes 4i .. 4i + 3 above; slots 4t + 2, 4t + 3: 3-bit codes
+    8 .. 15 and 16 .. 23 in bits 0-23. Bits above the codes a slot's program reads may hold anything."""
+    pointers, live = split_key_slot_source(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, stride)
+    return cut_split_key_slots(gather_words(pointers, live), slot, BLOCK_N)
+
+
+@gluon.jit
+def split_value_slot_sources(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, stride):
+    """The two (pointers, live mask) pairs of the words :func:`split_value_slots` reads, in
+    ``value_words_layout(BLOCK_N, False)``: slot 2g + w of a token points at its 3-bit word g + w, and (w = 0 only)
+    at its outlier word g >> 1."""
     g = slot >> 1
     w = slot & 1
     token_rows = tokens.to(gl.int64)[:, None]
     live = tok_mask[:, None]
-    pair = gl.load(rows + token_rows * stride + (g + w)[None, :], mask=live, other=0).to(gl.uint32, bitcast=True)
-    outlier = gl.load(outlier_rows + token_rows * outlier_stride + (g >> 1)[None, :], mask=live & (w == 0)[None, :],
-                      other=0).to(gl.uint32, bitcast=True)
+    return (rows + token_rows * stride + (g + w)[None, :], live,
+            outlier_rows + token_rows * outlier_stride + (g >> 1)[None, :], live & (w == 0)[None, :])
+
+
+@gluon.jit
+def cut_split_value_slots(pair, outlier, slot, BLOCK_N: gl.constexpr):
+    """The slots of :func:`split_value_slots` from the words its sources name (``pair``, ``outlier``)."""
+    g = slot >> 1
+    pair = pair.to(gl.uint32, bitcast=True)
     low, high = gl.split(gl.reshape(pair, (BLOCK_N, 8, 2)))
-    outlier, _ = gl.split(gl.reshape(outlier, (BLOCK_N, 8, 2)))
+    outlier, _ = gl.split(gl.reshape(outlier.to(gl.uint32, bitcast=True), (BLOCK_N, 8, 2)))
     shift = _lane_constant(pair, 4 * g, BLOCK_N, 2).to(gl.uint64)
     half = outlier >> _lane_constant(pair, 16 * (g & 1), BLOCK_N, 2).to(gl.uint32)
     x0 = _funnel(low, high, shift)  # the lane group's 3-bit bits 0-31, then 32-35
@@ -243,6 +304,17 @@ def split_value_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride
     s1 = (x0 >> 12) | (x1 << 20)
     words = gl.reshape(gl.join(s0, s1), (BLOCK_N, 16)).to(gl.int32, bitcast=True)
     return gl.convert_layout(words, value_words_layout(BLOCK_N, False), assert_trivial=True)
+
+
+@gluon.jit
+def split_value_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride, stride, BLOCK_N: gl.constexpr):
+    """(BLOCK_N, 16) int32 slots (``_value_slot_channel``) of a split value stream in
+    ``value_words_layout(BLOCK_N, False)``. Lane group g loads the 3-bit words g and g + 1 (its 12 codes are the 36
+    bits at bit 4g of them) and outlier word g >> 1 (its 4 outlier codes are half g & 1 of it). Mixed slot 2g: the
+    outlier half in bits 0-15, 3-bit codes 0-3 above; slot 2g + 1: 3-bit codes 4-11 in bits 0-23."""
+    pair, pair_live, outlier, outlier_live = split_value_slot_sources(outlier_rows, rows, tokens, tok_mask, slot,
+                                                                      outlier_stride, stride)
+    return cut_split_value_slots(gather_words(pair, pair_live), gather_words(outlier, outlier_live), slot, BLOCK_N)
 
 
 @gluon.jit
