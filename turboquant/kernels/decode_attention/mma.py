@@ -32,7 +32,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .._mma import (
     MMA,
@@ -41,17 +41,26 @@ from .._mma import (
     SPLIT_43,
     SPLIT_BITS,
     SPLIT_OUTLIER_ROWS,
+    cut_key_slots,
+    cut_split_key_slots,
+    cut_split_value_slots,
+    cut_value_slots,
     decoded_keys,
     decoded_split_keys,
     decoded_split_values,
     decoded_values,
-    key_slots,
+    gather_words,
+    key_slot_source,
     key_words_layout,
-    split_key_slots,
-    split_value_slots,
-    value_slots,
+    split_key_slot_source,
+    split_value_slot_sources,
+    value_slot_source,
     value_words_layout,
 )
+
+# cp.async from global to shared memory: async_load from Triton 3.7 on, async_copy_global_to_shared before (the
+# device image's 3.6)
+_copy_async = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)
 
 if TYPE_CHECKING:
     from ...codes import QuantizedVectors
@@ -59,28 +68,77 @@ if TYPE_CHECKING:
 
 
 @gluon.jit
-def _load_tile(k_words, v_words, k_norms, v_norms, k0_words, v0_words, k0_norms, v0_norms, n0, end, k_tok, k_slot,
-               v_tok, v_slot, s_tok, k_strides, v_strides, kn_strides, vn_strides, k0_strides, v0_strides,
-               kn0_strides, vn0_strides, BLOCK_N: gl.constexpr, KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr,
-               SPLIT: gl.constexpr):
-    """The key and value slots (in their fragment layouts) and float32 norms of tokens ``n0 .. n0 + BLOCK_N - 1``
-    (zero past ``end``); with ``SPLIT`` also the outlier groups' norms (``k0_*``, ``v0_*``: the outlier rows)."""
+def _word_sources(k_words, v_words, k0_words, v0_words, n0, end, k_tok, k_slot, v_tok, v_slot, k_strides, v_strides,
+                  k0_strides, v0_strides, KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr, SPLIT: gl.constexpr):
+    """(pointers, live mask) of the code words of tokens ``n0 .. n0 + BLOCK_N - 1`` (live below ``end``): keys, values
+    and, with ``SPLIT``, the values' outlier words (for one group: the values' again, unread)."""
     kt = n0 + k_tok
     vt = n0 + v_tok
+    if SPLIT:
+        kp, kl = split_key_slot_source(k0_words, k_words, kt, kt < end, k_slot, k0_strides[2], k_strides[2])
+        vp, vl, op, ol = split_value_slot_sources(v0_words, v_words, vt, vt < end, v_slot, v0_strides[2],
+                                                  v_strides[2])
+    else:
+        kp, kl = key_slot_source(k_words, kt, kt < end, k_slot, k_strides[2], KEY_BITS)
+        vp, vl = value_slot_source(v_words, vt, vt < end, v_slot, v_strides[2], VALUE_BITS)
+        op, ol = vp, vl
+    return kp, kl, vp, vl, op, ol
+
+
+@gluon.jit
+def _cut_slots(k_loaded, v_loaded, o_loaded, k_slot, v_slot, BLOCK_N: gl.constexpr, KEY_BITS: gl.constexpr,
+               VALUE_BITS: gl.constexpr, SPLIT: gl.constexpr):
+    """The key and value slots (fragment layouts) from the words :func:`_word_sources` names."""
+    if SPLIT:
+        kw = cut_split_key_slots(k_loaded, k_slot, BLOCK_N)
+        vw = cut_split_value_slots(v_loaded, o_loaded, v_slot, BLOCK_N)
+    else:
+        kw = cut_key_slots(k_loaded, BLOCK_N, KEY_BITS)
+        vw = cut_value_slots(v_loaded, v_slot, BLOCK_N, VALUE_BITS)
+    return kw, vw
+
+
+@gluon.jit
+def _load_norms(k_norms, v_norms, k0_norms, v0_norms, n0, end, s_tok, kn_strides, vn_strides, kn0_strides,
+                vn0_strides, SPLIT: gl.constexpr):
+    """float32 norms of tokens ``n0 .. n0 + BLOCK_N - 1`` (zero from ``end`` on): keys, values and, with ``SPLIT``,
+    the outlier groups' (else zeros, unread)."""
     st = n0 + s_tok
     kn = gl.load(k_norms + st * kn_strides[2], mask=st < end, other=0.0).to(gl.float32)
     vn = gl.load(v_norms + st * vn_strides[2], mask=st < end, other=0.0).to(gl.float32)
     if SPLIT:
-        kw = split_key_slots(k0_words, k_words, kt, kt < end, k_slot, k0_strides[2], k_strides[2], BLOCK_N)
-        vw = split_value_slots(v0_words, v_words, vt, vt < end, v_slot, v0_strides[2], v_strides[2], BLOCK_N)
         kn0 = gl.load(k0_norms + st * kn0_strides[2], mask=st < end, other=0.0).to(gl.float32)
         vn0 = gl.load(v0_norms + st * vn0_strides[2], mask=st < end, other=0.0).to(gl.float32)
     else:
-        kw = key_slots(k_words, kt, kt < end, k_slot, k_strides[2], BLOCK_N, KEY_BITS)
-        vw = value_slots(v_words, vt, vt < end, v_slot, v_strides[2], BLOCK_N, VALUE_BITS)
         kn0 = gl.zeros_like(kn)
         vn0 = kn0
-    return kw, vw, kn, vn, kn0, vn0
+    return kn, vn, kn0, vn0
+
+
+@gluon.jit
+def _load_words(sources, SPLIT: gl.constexpr):
+    """The words :func:`_word_sources` names, loaded into registers (the outlier words only with ``SPLIT``)."""
+    kp, kl, vp, vl, op, ol = sources
+    k_loaded = gather_words(kp, kl)
+    v_loaded = gather_words(vp, vl)
+    if SPLIT:
+        o_loaded = gather_words(op, ol)
+    else:
+        o_loaded = v_loaded
+    return k_loaded, v_loaded, o_loaded
+
+
+@gluon.jit
+def _copy_words(sources, k_ring, v_ring, o_ring, stage, SPLIT: gl.constexpr):
+    """Asynchronous copies (``cp.async``, one commit group) of the words :func:`_word_sources` names into ``stage``
+    of the rings, each element to the place it is read back from in the same layout, so each lane reads only what it
+    copied itself and ``wait_group`` alone orders them."""
+    kp, kl, vp, vl, op, ol = sources
+    _copy_async(k_ring.index(stage), kp, kl)
+    _copy_async(v_ring.index(stage), vp, vl)
+    if SPLIT:
+        _copy_async(o_ring.index(stage), op, ol)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -89,7 +147,7 @@ def mma_split_kernel(
     v0_norms_ptr, value_rows_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr, k_tables, v_tables, tokens_per_split,
     q_strides, k_strides, kn_strides, v_strides, vn_strides, k0_strides, kn0_strides, v0_strides, vn0_strides,
     part_strides, lse_strides, scale_log2,
-    GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, PREFETCH: gl.constexpr,
+    GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RING: gl.constexpr,
     KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr,
 ):
     """One (batch row, KV head, split), one warp. ``q_ptr``: (batch, query heads, 128) fp16 rotated queries in
@@ -99,8 +157,12 @@ def mma_split_kernel(
     ``k0_*`` / ``v0_*`` the 4-bit outlier groups (unread otherwise); ``value_rows_ptr``: :func:`value_channel_order`
     (int32); ``*_tables``: the codebooks' byte tables (4 int32 per codebook, ``_decode.prmt_byte_tables``; the
     outlier codebook's first). Writes the split's normalized output, rotated, and its log2-sum-exp, as
-    :func:`.kernel.decode_split_kernel` does. ``PREFETCH``: the next tile's loads are issued before the current tile
-    is decoded (a register double buffer; Triton does not pipeline loads whose consumer is inline assembly)."""
+    :func:`.kernel.decode_split_kernel` does. ``STAGES``, the loads' pipeline (Triton does not pipeline loads whose
+    consumer is inline assembly, so the kernel does): 1, each tile loaded where it is decoded; 2 without ``RING``,
+    the next tile's loads issued before this tile is decoded (a register double buffer); with ``RING`` (``STAGES`` a
+    power of two >= 2), the code words of the next ``STAGES - 1`` tiles in flight as ``cp.async`` copies into a
+    shared-memory ring of ``STAGES`` slots, no registers held for them (the norms, a few registers, stay one tile
+    ahead in registers)."""
     SPLIT: gl.constexpr = KEY_BITS == SPLIT_43
     b = gl.program_id(0).to(gl.int64)
     kv_head = gl.program_id(1)
@@ -140,22 +202,54 @@ def mma_split_kernel(
     l_i = gl.zeros((HEADS,), gl.float32, layout=gl.SliceLayout(0, MMA))
     acc = gl.zeros((128, HEADS), gl.float32, layout=MMA)
     acc0 = gl.zeros((SPLIT_OUTLIER_ROWS, HEADS), gl.float32, layout=MMA)  # split: the outlier rows (else unused)
-    if PREFETCH:
-        kw, vw, kn, vn, kn0, vn0 = _load_tile(
-            k_words, v_words, k_norms, v_norms, k0_words, v0_words, k0_norms, v0_norms, start, end, k_tok, k_slot,
-            v_tok, v_slot, s_tok, k_strides, v_strides, kn_strides, vn_strides, k0_strides, v0_strides, kn0_strides,
-            vn0_strides, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT)
-    for n0 in range(start, end, BLOCK_N):
-        if PREFETCH:  # the next tile's loads are issued before this tile's arithmetic (past `end`: masked, no traffic)
-            next_tile = _load_tile(
-                k_words, v_words, k_norms, v_norms, k0_words, v0_words, k0_norms, v0_norms, n0 + BLOCK_N, end, k_tok,
-                k_slot, v_tok, v_slot, s_tok, k_strides, v_strides, kn_strides, vn_strides, k0_strides, v0_strides,
-                kn0_strides, vn0_strides, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT)
+    if RING:  # the rings; tiles 0 .. STAGES - 2 in flight before the loop
+        RING_LAYOUT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # per slot: rows of 16 words
+        k_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], RING_LAYOUT)
+        v_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], RING_LAYOUT)
+        if SPLIT:
+            o_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], RING_LAYOUT)
         else:
-            kw, vw, kn, vn, kn0, vn0 = _load_tile(
-                k_words, v_words, k_norms, v_norms, k0_words, v0_words, k0_norms, v0_norms, n0, end, k_tok, k_slot,
-                v_tok, v_slot, s_tok, k_strides, v_strides, kn_strides, vn_strides, k0_strides, v0_strides,
-                kn0_strides, vn0_strides, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT)
+            o_ring = v_ring  # unused
+        for ahead in gl.static_range(STAGES - 1):
+            _copy_words(_word_sources(k_words, v_words, k0_words, v0_words, start + ahead * BLOCK_N, end, k_tok,
+                                      k_slot, v_tok, v_slot, k_strides, v_strides, k0_strides, v0_strides, KEY_BITS,
+                                      VALUE_BITS, SPLIT), k_ring, v_ring, o_ring, ahead, SPLIT)
+    if STAGES > 1:
+        kn, vn, kn0, vn0 = _load_norms(k_norms, v_norms, k0_norms, v0_norms, start, end, s_tok, kn_strides,
+                                       vn_strides, kn0_strides, vn0_strides, SPLIT)
+    if STAGES == 2 and not RING:
+        k_loaded, v_loaded, o_loaded = _load_words(
+            _word_sources(k_words, v_words, k0_words, v0_words, start, end, k_tok, k_slot, v_tok, v_slot, k_strides,
+                          v_strides, k0_strides, v0_strides, KEY_BITS, VALUE_BITS, SPLIT), SPLIT)
+    for n0 in range(start, end, BLOCK_N):
+        if RING:  # tile i sits in slot i % STAGES; its copies are the oldest group not yet waited for
+            stage = ((n0 - start) // BLOCK_N) % STAGES
+            async_copy.wait_group(STAGES - 2)
+            k_loaded = k_ring.index(stage).load(KEY_WORDS)
+            v_loaded = v_ring.index(stage).load(VALUE_WORDS)
+            if SPLIT:
+                o_loaded = o_ring.index(stage).load(VALUE_WORDS)
+            else:
+                o_loaded = v_loaded
+            # tile i + STAGES - 1 into the stage tile i - 1 was read from (its words are decoded by now)
+            _copy_words(_word_sources(k_words, v_words, k0_words, v0_words, n0 + (STAGES - 1) * BLOCK_N, end, k_tok,
+                                      k_slot, v_tok, v_slot, k_strides, v_strides, k0_strides, v0_strides, KEY_BITS,
+                                      VALUE_BITS, SPLIT), k_ring, v_ring, o_ring, (stage + STAGES - 1) % STAGES,
+                        SPLIT)
+        elif STAGES == 1:
+            k_loaded, v_loaded, o_loaded = _load_words(
+                _word_sources(k_words, v_words, k0_words, v0_words, n0, end, k_tok, k_slot, v_tok, v_slot, k_strides,
+                              v_strides, k0_strides, v0_strides, KEY_BITS, VALUE_BITS, SPLIT), SPLIT)
+            kn, vn, kn0, vn0 = _load_norms(k_norms, v_norms, k0_norms, v0_norms, n0, end, s_tok, kn_strides,
+                                           vn_strides, kn0_strides, vn0_strides, SPLIT)
+        if STAGES == 2 and not RING:  # the next tile's words, issued before this tile's arithmetic (past `end`: masked)
+            next_words = _load_words(
+                _word_sources(k_words, v_words, k0_words, v0_words, n0 + BLOCK_N, end, k_tok, k_slot, v_tok, v_slot,
+                              k_strides, v_strides, k0_strides, v0_strides, KEY_BITS, VALUE_BITS, SPLIT), SPLIT)
+        if STAGES > 1:
+            next_norms = _load_norms(k_norms, v_norms, k0_norms, v0_norms, n0 + BLOCK_N, end, s_tok, kn_strides,
+                                     vn_strides, kn0_strides, vn0_strides, SPLIT)
+        kw, vw = _cut_slots(k_loaded, v_loaded, o_loaded, k_slot, v_slot, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT)
         live = n0 + s_tok < end
         if SPLIT:
             keys, outlier_keys = decoded_split_keys(kw, k_tables, BLOCK_N)
@@ -178,8 +272,10 @@ def mma_split_kernel(
         else:
             acc = mma_v2(decoded_values(vw, v_tables, BLOCK_N, VALUE_BITS), p_t, acc * alpha[None, :])
         m_i = m_new
-        if PREFETCH:
-            kw, vw, kn, vn, kn0, vn0 = next_tile
+        if STAGES == 2 and not RING:
+            k_loaded, v_loaded, o_loaded = next_words
+        if STAGES > 1:
+            kn, vn, kn0, vn0 = next_norms
 
     has_tokens = l_i > 0
     inv_l = 1.0 / gl.where(has_tokens, l_i, 1.0)
@@ -220,10 +316,11 @@ def _stream_args(groups: Sequence[QuantizedVectors]) -> tuple:
 
 def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors],
               seq_lens: torch.Tensor, cache_format: CacheFormat, part_out: torch.Tensor, part_lse: torch.Tensor,
-              tokens_per_split: int, block_n: int, scale_log2: float, prefetch: bool) -> None:
+              tokens_per_split: int, block_n: int, scale_log2: float, stages: int, ring: bool) -> None:
     """Launch :func:`mma_split_kernel` over ``part_out`` (batch, query heads, splits, 128) / ``part_lse``.
     ``q_rot``: (batch, query heads, 128) fp16 rotated queries in the key order
-    (:attr:`CacheFormat.mma_query_map`); ``keys`` / ``values``: each stream's channel groups (outliers first)."""
+    (:attr:`CacheFormat.mma_query_map`); ``keys`` / ``values``: each stream's channel groups (outliers first);
+    ``stages``, ``ring``: the kernel's ``STAGES`` and ``RING``."""
     batch, n_heads, _ = q_rot.shape
     n_kv_heads, num_splits = keys[0].codes.shape[1], part_out.shape[2]
     (k, kn, k0, kn0), k_strides = _stream_args(keys)
@@ -232,22 +329,36 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
         q_rot, k, kn, v, vn, k0, kn0, v0, vn0, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
         *cache_format.mma_tables, tokens_per_split, q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0],
         v_strides[1], k_strides[2], k_strides[3], v_strides[2], v_strides[3], part_out.stride()[:3],
-        part_lse.stride()[:2], scale_log2, **_meta(n_heads // n_kv_heads, block_n, prefetch, *cache_format.mma_bits),
+        part_lse.stride()[:2], scale_log2, **_meta(n_heads // n_kv_heads, block_n, stages, ring,
+                                              *cache_format.mma_bits),
     )
 
 
-def _meta(group: int, block_n: int, prefetch: bool, key_bits: int, value_bits: int) -> dict:
-    return dict(GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, PREFETCH=prefetch, KEY_BITS=key_bits,
-                VALUE_BITS=value_bits, num_warps=1)
+def _meta(group: int, block_n: int, stages: int, ring: bool, key_bits: int, value_bits: int) -> dict:
+    if not (stages in (1, 2) or ring and stages & (stages - 1) == 0):
+        raise ValueError(f"the register-operand kernel pipelines 1 or 2 stages through registers, or a power of two of "
+                         f"them through a shared-memory ring; got num_stages={stages} with staging="
+                         f"{'shared' if ring else 'registers'}")
+    ring = ring and stages > 1
+    capped = ring and key_bits != SPLIT_BITS
+    return dict(GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, STAGES=stages, RING=ring,
+                KEY_BITS=key_bits, VALUE_BITS=value_bits, num_warps=1, **({"maxnreg": RING_REGISTERS} if capped else {}))
 
 
 MAX_BLOCKS_PER_SM = 32  # resident thread blocks per SM on sm_80 - sm_90
+# With the words in a shared-memory ring, one channel group per stream: 14 one-warp programs per SM where the register
+# prefetch fits 12 (Triton 3.6's ptxas spills 8 bytes at 4 bits, none at 3; the split preset, which would spill
+# hundreds, is left uncapped: benchmarks/NOTES.md)
+RING_REGISTERS = 144
+SHARED_PER_SM = 228 * 1024  # shared memory of an SM on sm_90 (where torch does not report it)
 
 
 @functools.cache
-def resident_programs(device_index: int, group: int, block_n: int, prefetch: bool, bits: tuple[int, int]) -> int:
+def resident_programs(device_index: int, group: int, block_n: int, stages: int, ring: bool,
+                      bits: tuple[int, int]) -> int:
     """One-warp programs of :func:`mma_split_kernel` that fit on one SM at once: the SM's registers over the
-    kernel's (compiled once, fp16 norms; ptxas allocates registers per warp in units of 256), at most
+    kernel's (compiled once, fp16 norms; ptxas allocates registers per warp in units of 256) and its shared memory
+    over the kernel's (the rings with ``ring``, plus 1 KB the runtime reserves per block), at most
     :data:`MAX_BLOCKS_PER_SM`."""
     from triton.runtime.jit import MockTensor
 
@@ -258,21 +369,23 @@ def resident_programs(device_index: int, group: int, block_n: int, prefetch: boo
         compiled = mma_split_kernel.warmup(
             f16, i32, f16, i32, f16, i32, f16, i32, f16, i32, i32, f32, f32, tables, tables, 1024, (4096, 128),
             words, norms, words, norms, words, norms, words, norms, words, (4096, 64), 1.0, grid=(1,),
-            **_meta(group, block_n, prefetch, *bits))
+            **_meta(group, block_n, stages, ring, *bits))
         compiled._init_handles()  # loads the binary, which is when Triton reads its register count
     props = torch.cuda.get_device_properties(device_index)
     registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
+    shared_per_sm = getattr(props, "shared_memory_per_multiprocessor", SHARED_PER_SM)
     return max(1, min(MAX_BLOCKS_PER_SM, props.max_threads_per_multi_processor // 32,
-                      props.regs_per_multiprocessor // registers_per_warp))
+                      props.regs_per_multiprocessor // registers_per_warp,
+                      shared_per_sm // (compiled.metadata.shared + 1024)))
 
 
 def default_mma_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device, block_n: int,
-                       group: int, prefetch: bool, bits: tuple[int, int] = (4, 4)) -> int:
+                       group: int, stages: int, ring: bool, bits: tuple[int, int] = (4, 4)) -> int:
     """Splits so that the grid is one wave of resident programs (:func:`resident_programs` on every SM: a partial
     second wave would leave most SMs idle at its end), at least one tile per split."""
     if device.type != "cuda":
         return 1
     index = device.index if device.index is not None else torch.cuda.current_device()
-    wave = resident_programs(index, group, block_n, prefetch, bits) * torch.cuda.get_device_properties(
+    wave = resident_programs(index, group, block_n, stages, ring, bits) * torch.cuda.get_device_properties(
         index).multi_processor_count
     return max(1, min(wave // (batch * n_kv_heads), triton.cdiv(max_tokens, block_n)))
