@@ -364,8 +364,9 @@ def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group, key_bits, val
     seq_lens = torch.randint(1, tokens + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
     ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format)
     for splits, block_n, stages, staging in ((1, 32, 2, "registers"), (3, 32, 1, "registers"), (2, 16, 2, "registers"),
-                                             (1, 64, 1, "registers"), (1, 32, 2, "shared"), (3, 32, 4, "shared"),
-                                             (2, 16, 2, "shared")):
+                                             (1, 64, 1, "registers"), (1, 32, 2, "shared"), (3, 32, 4, "shared")):
+        if staging == "shared" and group not in (4, 16):  # the ring at the benchmark's group and the largest only
+            continue  # (each variant is a compile on the device)
         out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, kernel="mma", num_splits=splits,
                                              block_n=block_n, num_stages=stages, staging=staging)
         assert ((out.double() - ref).norm() / ref.norm()) < 1e-2, (splits, block_n, stages, staging)
