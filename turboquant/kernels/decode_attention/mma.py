@@ -277,6 +277,8 @@ def mma_split_kernel(
         if STAGES > 1:
             kn, vn, kn0, vn0 = next_norms
 
+    if RING:  # the copies issued for tiles past `end` (masked) complete before the program exits
+        async_copy.wait_group(0)
     has_tokens = l_i > 0
     inv_l = 1.0 / gl.where(has_tokens, l_i, 1.0)
     lse = gl.where(has_tokens, m_i + gl.log2(gl.where(has_tokens, l_i, 1.0)), float("-inf"))
