@@ -16,7 +16,7 @@ stage query with a table entry per code:
     s_t = scale * sum_g n_{g,t} ( <Pi_g q_g, c_g[idx_{g,t}]> + rho_{g,t} <gamma_g S_g q_g, z_{g,t}> ),   q_g = (q_P)_g.
 
 Every stage query is a linear map of ``q_P`` (the query in its KV head's key channel order; the GQA group of
-query heads shares it): the host gathers ``q_P`` and multiplies it once by the fixed (head_dim, L) matrix
+query heads shares it): one launch gathers ``q_P`` and multiplies it by the fixed (head_dim, L) matrix
 :attr:`CacheFormat.query_map` that stacks ``Pi_g`` and ``gamma_g S_g`` (block-diagonal over the groups, columns
 in the kernel's stream order). Keys are never decoded to vectors. Values, with ``p = softmax(s)``:
 
@@ -37,7 +37,9 @@ The package, one module per job:
 =================  ==========================================================================================
 ``format``         :class:`ChannelGroup`, :class:`CacheFormat` (the stage query map, tables and compile-time
                    geometry, derived once) and the input checks
-``kernel``         the Triton kernels: split (tiles, stages, online softmax), merge (the splits) and rotate (``Pi_V^T``)
+``kernel``         the Triton kernels: split (tiles, stages, online softmax), merge (the splits) and rotate (the
+                   query map before the split, ``Pi_V^T`` after the merge)
+``mma``            the register-operand split kernel (Gluon) for the layouts it serves
 ``launch``         :func:`decode_attention_groups_triton`, :func:`decode_attention_triton` and their defaults
 ``reference``      the float64 reference over the dequantized cache
 =================  ==========================================================================================
