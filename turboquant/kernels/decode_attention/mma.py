@@ -342,9 +342,9 @@ def _meta(group: int, block_n: int, stages: int, ring: bool, key_bits: int, valu
                          f"them through a shared-memory ring; got num_stages={stages} with staging="
                          f"{'shared' if ring else 'registers'}")
     ring = ring and stages > 1
-    capped = ring and key_bits != SPLIT_BITS
+    cap = {"maxnreg": RING_REGISTERS} if ring and key_bits != SPLIT_BITS else {}
     return dict(GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, STAGES=stages, RING=ring,
-                KEY_BITS=key_bits, VALUE_BITS=value_bits, num_warps=1, **({"maxnreg": RING_REGISTERS} if capped else {}))
+                KEY_BITS=key_bits, VALUE_BITS=value_bits, num_warps=1, **cap)
 
 
 MAX_BLOCKS_PER_SM = 32  # resident thread blocks per SM on sm_80 - sm_90
