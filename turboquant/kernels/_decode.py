@@ -143,41 +143,57 @@ def _magnitude_index_lines(src: str, dst: str) -> list[str]:
             f"not.b32 {dst}, {dst};", f"and.b32 {dst}, {dst}, 0x77777777;"]
 
 
+def _nibble_pair_lines(src: str, outs: list[str]) -> list[str]:
+    """PTX lines decoding the 4-bit codes of the 32-bit register ``src`` (code n at bits 4n..4n+3) to fp16 values of
+    a symmetric codebook, codes n and n + 4 as one fp16 pair written to ``outs[n]`` (n < len(outs): 4 for all 8
+    codes, 2 for codes 0, 1, 4, 5 alone). As :data:`_PRMT_DECODE4` (sign bit + 3-bit magnitude index, the magnitudes
+    looked up in the byte tables ``$T0..$T3``), but the sign bits of a pair sit 16 bits apart in ``src`` (bits
+    4n + 3 and 4n + 19), so one shift and one ``lop3`` set both (sign set where the code's top bit is clear). Per 8
+    codes: 3 ops for the magnitude indices (:func:`_magnitude_index_lines`), 2 ``prmt`` that gather the selector
+    nibbles, 4 + 4 ``prmt`` for the table bytes and their interleaving, 7 for the signs."""
+    lines = _magnitude_index_lines(src, "j")
+    for half, selector in ((0, "0x4420"), (1, "0x4431"))[:len(outs) // 2]:  # bytes 0, 2 / 1, 3 of j: codes
+        lines += [f"prmt.b32 sel, j, 0, {selector};", "prmt.b32 lo, $T0, $T1, sel;",  # (0, 1, 4, 5) / (2, 3, 6, 7)
+                  "prmt.b32 hi, $T2, $T3, sel;"]
+        for odd, interleave in ((0, "0x6240"), (1, "0x7351")):
+            n = 2 * half + odd
+            shift = 12 - 4 * n
+            lines += [f"prmt.b32 r, lo, hi, {interleave};",
+                      f"shl.b32 t, {src}, {shift};" if shift else f"mov.b32 t, {src};",
+                      "not.b32 t, t;", "and.b32 t, t, 0x80008000;", f"or.b32 {outs[n]}, r, t;"]
+    return lines
+
+
+def _with_tables(lines: list[str], tables: tuple[str, str, str, str]) -> list[str]:
+    """``lines`` with the byte-table placeholders ``$T0..$T3`` replaced by the operands ``tables``."""
+    for i, table in enumerate(tables):
+        lines = [line.replace(f"$T{i}", table) for line in lines]
+    return lines
+
+
+def _decode4_lines() -> list[str]:
+    """Lines of :data:`_PRMT_DECODE4`: the magnitude indices of the 8 codes, two lookups of 4 codes each (codes of
+    bytes 0-1, then 2-3: even values to $0 / $1, odd to $2 / $3), and the sign bits, set where a code's top bit is
+    clear: ``prmt`` copies code bytes 0, 1 (2, 3) to bytes 1, 3 of ``s``, which puts the odd codes' sign bits at bits
+    15 / 31 and, shifted by 4, the even codes'."""
+    halves = (("e0", "o0", "0x1404"), ("e1", "o1", "0x3424"))
+    lines = _magnitude_index_lines("$4", "j")
+    for half, (even, odd, _) in enumerate(halves):
+        lines += (["shr.u32 j, j, 16;"] if half else []) + [
+            "prmt.b32 lo, $5, $9, j;", "prmt.b32 hi, $13, $17, j;",
+            f"prmt.b32 {even}, lo, hi, 0x6240;", f"prmt.b32 {odd}, lo, hi, 0x7351;"]
+    for even, odd, signs in halves:
+        lines += [f"prmt.b32 s, $4, 0, {signs};", "not.b32 t, s;", "and.b32 t, t, 0x80008000;",
+                  f"or.b32 {odd}, {odd}, t;", "shl.b32 t, s, 4;", "not.b32 t, t;", "and.b32 t, t, 0x80008000;",
+                  f"or.b32 {even}, {even}, t;"]
+    return lines + ["mov.b32 $0, e0;", "mov.b32 $1, e1;", "mov.b32 $2, o0;", "mov.b32 $3, o1;"]
+
+
 # One invocation: 4 code bytes in $4 (byte k: even code in the low nibble, odd code in the high nibble) -> even
 # values of bytes 0-3 as fp16 pairs in $0, $1, odd values in $2, $3. $5/$9/$13/$17: the byte tables of
-# _byte_tables (each input is passed 4 times, once per packed element). Magnitude indices: _magnitude_index_lines.
-# Sign bits: byte 1 / 3 of s = bytes 0 / 1 (2 / 3) of the codes puts the odd codes' sign bits at bits 15 / 31, and
-# s << 4 the even codes'.
-_PRMT_DECODE4 = tl.constexpr("{\n.reg .b32 t, j, lo, hi, s, e0, e1, o0, o1;\n" + "\n".join(
-    _magnitude_index_lines("$4", "j") + """prmt.b32 lo, $5, $9, j;
-prmt.b32 hi, $13, $17, j;
-prmt.b32 e0, lo, hi, 0x6240;
-prmt.b32 o0, lo, hi, 0x7351;
-shr.u32 j, j, 16;
-prmt.b32 lo, $5, $9, j;
-prmt.b32 hi, $13, $17, j;
-prmt.b32 e1, lo, hi, 0x6240;
-prmt.b32 o1, lo, hi, 0x7351;
-prmt.b32 s, $4, 0, 0x1404;
-not.b32 t, s;
-and.b32 t, t, 0x80008000;
-or.b32 o0, o0, t;
-shl.b32 t, s, 4;
-not.b32 t, t;
-and.b32 t, t, 0x80008000;
-or.b32 e0, e0, t;
-prmt.b32 s, $4, 0, 0x3424;
-not.b32 t, s;
-and.b32 t, t, 0x80008000;
-or.b32 o1, o1, t;
-shl.b32 t, s, 4;
-not.b32 t, t;
-and.b32 t, t, 0x80008000;
-or.b32 e1, e1, t;
-mov.b32 $0, e0;
-mov.b32 $1, e1;
-mov.b32 $2, o0;
-mov.b32 $3, o1;""".splitlines()) + "\n}")
+# _byte_tables (each input is passed 4 times, once per packed element).
+_PRMT_DECODE4 = tl.constexpr("{\n.reg .b32 t, j, lo, hi, s, e0, e1, o0, o1;\n" + "\n".join(_decode4_lines())
+                             + "\n}")
 _PRMT_CONSTRAINTS = tl.constexpr("=r,=r,=r,=r," + ",".join(["r"] * 17))  # 4 outputs, 1 + 4 x 4 inputs
 
 
@@ -214,24 +230,24 @@ def _spread_halves_lines(x: str) -> list[str]:
             f"and.b32 t, {x}, 0x38383838;", f"add.u32 {x}, {x}, t;"]
 
 
+def _selector_lookup_lines(selector: str, first: str, second: str, tables: tuple[str, ...]) -> list[str]:
+    """Lines that look up the 4 nibbles of ``selector`` (x0 y0 x1 y1: code k of two words X and Y, twice) in the
+    8-entry byte tables ``tables`` (low bytes of entries 0-3, of 4-7, high bytes of each) and write the fp16 pairs
+    (x0, y0) to ``first`` and (x1, y1) to ``second``."""
+    lo0, lo1, hi0, hi1 = tables
+    return [f"prmt.b32 lo, {lo0}, {lo1}, {selector};", f"prmt.b32 hi, {hi0}, {hi1}, {selector};",
+            f"prmt.b32 {first}, lo, hi, 0x5140;", f"prmt.b32 {second}, lo, hi, 0x7362;"]
+
+
 # One invocation: the 24-bit word of a 3-bit group in $8 (code k at bits 3k..3k+2) -> the fp16 values of its 8 codes
 # in $0..$7 (16-bit registers). $9/$10/$11/$12: the byte tables of _byte_tables(table). The codes are spread to
-# nibbles (_spread3_lines) so that one prmt selector holds 4 codes; each prmt pair then yields the low and high bytes
-# of 4 values, interleaved into 2 fp16 pairs and unpacked into the outputs.
-_PRMT_DECODE3 = tl.constexpr("{\n.reg .b32 n, t, lo, hi, v;\n" + "\n".join(
-    _spread3_lines("$8", "n") + """prmt.b32 lo, $9, $10, n;
-prmt.b32 hi, $11, $12, n;
-prmt.b32 v, lo, hi, 0x5140;
-mov.b32 {$0, $1}, v;
-prmt.b32 v, lo, hi, 0x7362;
-mov.b32 {$2, $3}, v;
-shr.u32 n, n, 16;
-prmt.b32 lo, $9, $10, n;
-prmt.b32 hi, $11, $12, n;
-prmt.b32 v, lo, hi, 0x5140;
-mov.b32 {$4, $5}, v;
-prmt.b32 v, lo, hi, 0x7362;
-mov.b32 {$6, $7}, v;""".splitlines()) + "\n}")
+# nibbles (_spread3_lines) so that one prmt selector holds 4 codes, looked up 4 at a time (_selector_lookup_lines)
+# and unpacked into the outputs.
+_PRMT_DECODE3 = tl.constexpr("{\n.reg .b32 n, t, lo, hi, v, w;\n" + "\n".join(
+    _spread3_lines("$8", "n") + _selector_lookup_lines("n", "v", "w", ("$9", "$10", "$11", "$12"))
+    + ["mov.b32 {$0, $1}, v;", "mov.b32 {$2, $3}, w;", "shr.u32 n, n, 16;"]
+    + _selector_lookup_lines("n", "v", "w", ("$9", "$10", "$11", "$12"))
+    + ["mov.b32 {$4, $5}, v;", "mov.b32 {$6, $7}, w;"]) + "\n}")
 _PRMT3_CONSTRAINTS = tl.constexpr(",".join(["=h"] * 8 + ["r"] * 5))  # 8 fp16 outputs, the word + 4 tables
 
 
@@ -268,34 +284,6 @@ def prmt_byte_tables(table: torch.Tensor) -> tuple[int, int, int, int]:
     return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in packed)
 
 
-def _nibble_pair_lines(src: str, outs: list[str]) -> list[str]:
-    """PTX lines decoding the 4-bit codes of the 32-bit register ``src`` (code n at bits 4n..4n+3) to fp16 values of
-    a symmetric codebook, codes n and n + 4 as one fp16 pair written to ``outs[n]`` (n < len(outs): 4 for all 8
-    codes, 2 for codes 0, 1, 4, 5 alone). As :data:`_PRMT_DECODE4` (sign bit + 3-bit magnitude index, the magnitudes
-    looked up in the byte tables ``$T0..$T3``), but the sign bits of a pair sit 16 bits apart in ``src`` (bits
-    4n + 3 and 4n + 19), so one shift and one ``lop3`` set both (sign set where the code's top bit is clear). Per 8
-    codes: 3 ops for the magnitude indices (:func:`_magnitude_index_lines`), 2 ``prmt`` that gather the selector
-    nibbles, 4 + 4 ``prmt`` for the table bytes and their interleaving, 7 for the signs."""
-    lines = _magnitude_index_lines(src, "j")
-    for half, selector in ((0, "0x4420"), (1, "0x4431"))[:len(outs) // 2]:  # bytes 0, 2 / 1, 3 of j: codes
-        lines += [f"prmt.b32 sel, j, 0, {selector};", "prmt.b32 lo, $T0, $T1, sel;",  # (0, 1, 4, 5) / (2, 3, 6, 7)
-                  "prmt.b32 hi, $T2, $T3, sel;"]
-        for odd, interleave in ((0, "0x6240"), (1, "0x7351")):
-            n = 2 * half + odd
-            shift = 12 - 4 * n
-            lines += [f"prmt.b32 r, lo, hi, {interleave};",
-                      f"shl.b32 t, {src}, {shift};" if shift else f"mov.b32 t, {src};",
-                      "not.b32 t, t;", "and.b32 t, t, 0x80008000;", f"or.b32 {outs[n]}, r, t;"]
-    return lines
-
-
-def _with_tables(lines: list[str], tables: tuple[str, str, str, str]) -> list[str]:
-    """``lines`` with the byte-table placeholders ``$T0..$T3`` replaced by the operands ``tables``."""
-    for i, table in enumerate(tables):
-        lines = [line.replace(f"$T{i}", table) for line in lines]
-    return lines
-
-
 # One invocation (``pack=2``): two words A ($8) and B ($9) of 8 4-bit codes -> $c = the fp16 pair (code c of A,
 # code c of B), c = 0..7; $10, $12, $14, $16: the magnitude byte tables (_byte_tables(table + 8); each scalar is
 # passed once per packed element). The low (high) halves of the two words are joined first, one prmt each, so that
@@ -307,15 +295,6 @@ PRMT_PAIR4 = tl.constexpr("{\n.reg .b32 s, j, sel, lo, hi, r, t, x;\n" + "\n".jo
      "prmt.b32 x, $8, $9, 0x7632;", *_nibble_pair_lines("x", ["$4", "$5", "$6", "$7"])],
     ("$10", "$12", "$14", "$16"))) + "\n}")
 PRMT_PAIR4_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 10))
-
-
-def _selector_lookup_lines(selector: str, first: str, second: str, tables: tuple[str, ...]) -> list[str]:
-    """Lines that look up the 4 nibbles of ``selector`` (x0 y0 x1 y1: code k of two words X and Y, twice) in the
-    8-entry byte tables ``tables`` (low bytes of entries 0-3, of 4-7, high bytes of each) and write the fp16 pairs
-    (x0, y0) to ``first`` and (x1, y1) to ``second``."""
-    lo0, lo1, hi0, hi1 = tables
-    return [f"prmt.b32 lo, {lo0}, {lo1}, {selector};", f"prmt.b32 hi, {hi0}, {hi1}, {selector};",
-            f"prmt.b32 {first}, lo, hi, 0x5140;", f"prmt.b32 {second}, lo, hi, 0x7362;"]
 
 
 def _pair3_lines() -> list[str]:
