@@ -38,3 +38,20 @@ def tiny_model(tiny_config):
 @pytest.fixture(scope="session")
 def prompt_ids():
     return torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture
+def kernel_reads(monkeypatch) -> list:
+    """A list that grows by one entry per call of ``fused_attention.packed_attention`` (the fused read path's
+    kernel call) while the test runs."""
+    from turboquant.kvcache import fused_attention
+
+    calls = []
+    original = fused_attention.packed_attention
+
+    def counting(*args):
+        calls.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(fused_attention, "packed_attention", counting)
+    return calls

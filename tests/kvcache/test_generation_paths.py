@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 
 from experiments.kv_generation import generate_with_cache
 from experiments.models import LoadedModel, ModelSpec
-from turboquant.kvcache import build_cache, fused_attention
+from turboquant.kvcache import build_cache
 from turboquant.kvcache.turboquant_cache import TurboQuantCacheConfig
 
 NEW_TOKENS = 4
@@ -41,22 +41,14 @@ def generate(loaded, prompt_ids, method, options):
     return generate_with_cache(loaded, prompt_ids[:, :60], method, options, NEW_TOKENS, min_new_tokens=NEW_TOKENS)
 
 
-def test_fused_path_runs_and_matches_the_workspace_path(loaded, prompt_ids, monkeypatch):
+def test_fused_path_runs_and_matches_the_workspace_path(loaded, prompt_ids, kernel_reads):
     options = {"key_bits": 4, "value_bits": 3, "residual_length": 16}
-    calls = []
-    original = fused_attention.packed_attention
-
-    def counting(*args):
-        calls.append(1)
-        return original(*args)
-
-    monkeypatch.setattr(fused_attention, "packed_attention", counting)
     implementation = loaded.model.config._attn_implementation
     fused = generate(loaded, prompt_ids, "turboquant", options)
     workspace = generate(loaded, prompt_ids, "turboquant", {**options, "fused_decode": False})
     assert (fused.attention_path, workspace.attention_path) == ("fused", "workspace")
     layers = loaded.model.config.num_hidden_layers
-    assert len(calls) == (NEW_TOKENS - 1) * layers  # every decode step of every layer read the packed store
+    assert len(kernel_reads) == (NEW_TOKENS - 1) * layers  # every decode step of every layer read the packed store
     assert fused.text == workspace.text and fused.new_token_count == NEW_TOKENS
     assert fused.cache_nbytes == workspace.cache_nbytes and fused.memory_ratio == workspace.memory_ratio
     assert fused.cache_allocated_nbytes >= fused.cache_nbytes
