@@ -58,6 +58,13 @@ def num_groups(dim: int, bits: int) -> int:
     return -(-dim // group_geometry(bits)[1])
 
 
+def as_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
+    """``x`` (..., dim) as a row-major (rows, dim) matrix (a view where the last axis is contiguous) and its leading
+    shape, which the kernels' outputs are reshaped back to."""
+    rows = x.reshape(-1, x.shape[-1])
+    return (rows if rows.stride(-1) == 1 else rows.contiguous()), x.shape[:-1]
+
+
 def pow2_at_least(n: int, floor: int = 16) -> int:
     """Smallest power of two ``>= max(n, floor)`` (tile sizes; ``tl.dot`` needs every side >= 16)."""
     return max(floor, triton.next_power_of_2(n))

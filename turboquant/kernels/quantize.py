@@ -37,6 +37,7 @@ import triton.language as tl
 from ..backends import gluon_unavailable, quantize_kernel
 from ..packing import packed_size
 from ._layout import (
+    as_rows,
     check_device,
     group_geometry,
     num_groups,
@@ -347,10 +348,7 @@ def quantize_mse_triton(
         return quantize_mse_wgmma(x, rotation_matrix, _as_numpy(boundaries), bits, norms_dtype, nearest=nearest,
                                   programs_per_sm=programs_per_sm or 3, prefetch=(num_stages or 2) > 1)
     nearest = nearest or "table"
-    lead_shape = x.shape[:-1]
-    rows = x.reshape(-1, dim)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows, lead_shape = as_rows(x)
     n_rows = rows.shape[0]
     row_bytes = packed_size(dim, bits)
     codes = torch.empty((n_rows, row_bytes), dtype=torch.uint8, device=x.device)

@@ -25,6 +25,7 @@ import triton.language as tl
 from ..backends import quantize_kernel
 from ..packing import packed_size
 from ._layout import (
+    as_rows,
     check_device,
     group_geometry,
     num_groups,
@@ -156,10 +157,7 @@ def quantize_prod_triton(
         return quantize_prod_wgmma(x, rotation_matrix, _as_numpy(boundaries), centroids, mse_bits, qjl_matrix,
                                    norms_dtype)
     nearest = nearest or "table"
-    lead_shape = x.shape[:-1]
-    rows = x.reshape(-1, dim)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows, lead_shape = as_rows(x)
     n_rows = rows.shape[0]
     row_bytes = packed_size(dim, mse_bits) if has_mse else 0
     sign_bytes = packed_size(dim, 1)

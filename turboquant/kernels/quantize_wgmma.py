@@ -31,6 +31,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from ..packing import packed_size
+from ._layout import as_rows
 
 HEAD_DIM = 128
 BLOCK_M = gl.constexpr(64)  # rows per tile: one m64 wgmma per warpgroup
@@ -300,7 +301,7 @@ def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundarie
     nearest = default_code_step(bits) if nearest is None else nearest
     if nearest not in ("tree", "fma"):
         raise ValueError(f"the warpgroup-MMA quantize kernel's nearest step is 'tree' or 'fma', got {nearest!r}")
-    rows, lead_shape = _rows(x)
+    rows, lead_shape = as_rows(x)
     codes = torch.empty((rows.shape[0], packed_size(HEAD_DIM, bits)), dtype=torch.uint8, device=x.device)
     norms = torch.empty((rows.shape[0],), dtype=norms_dtype, device=x.device)
     _launch(rows, rotation_matrix, boundaries, bits, codes, norms, None, nearest, programs_per_sm, prefetch)
@@ -315,7 +316,7 @@ def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundari
     :func:`~turboquant.kernels.quantize_prod.quantize_prod_triton` returns it (codes, signs, norms, residual norms;
     inputs checked there and by :func:`wgmma_quantize_unsupported`), by :func:`quantize_wgmma_kernel` with ``PROD``:
     ``mse_bits`` 1-3, a symmetric codebook."""
-    rows, lead_shape = _rows(x)
+    rows, lead_shape = as_rows(x)
     n_rows = rows.shape[0]
     codes = torch.empty((n_rows, packed_size(HEAD_DIM, mse_bits)), dtype=torch.uint8, device=x.device)
     signs = torch.empty((n_rows, packed_size(HEAD_DIM, 1)), dtype=torch.uint8, device=x.device)
@@ -325,11 +326,6 @@ def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundari
     _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, "fma", programs_per_sm, True)
     return (codes.reshape(*lead_shape, codes.shape[-1]), signs.reshape(*lead_shape, signs.shape[-1]),
             norms.reshape(lead_shape), residual_norms.reshape(lead_shape))
-
-
-def _rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
-    rows = x.reshape(-1, HEAD_DIM)
-    return (rows if rows.stride(-1) == 1 else rows.contiguous()), x.shape[:-1]
 
 
 def _launch(rows: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
