@@ -342,8 +342,9 @@ def test_compiles_for_sm90_with_operands_in_registers() -> None:
 @pytest.mark.parametrize("batch,tokens,group", [(2, 300, 4), (3, 1000, 6), (1, 70, 7), (2, 129, 16)])
 @pytest.mark.parametrize("key_bits,value_bits", [(4, 4), (3, 3), (4, 3), ("split", "split")])
 def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group, key_bits, value_bits) -> None:
-    """One channel group per stream, or both split as the 3.5-bit preset (32 outlier channels at 4 bits, 96 at 3);
-    random codes, norms fp16 for keys and fp32 for values."""
+    """One channel group per stream, or both split as the 3.5-bit preset (32 outlier channels at 4 bits, 96 at 3,
+    in a random channel order per row and KV head, as the cache stores it: the query gathered into it, the output
+    scattered back); random codes, norms fp16 for keys and fp32 for values."""
     from turboquant.kernels.decode_attention import decode_attention_groups_reference, decode_attention_groups_triton
 
     def stream(bits, seed):
@@ -362,13 +363,15 @@ def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group, key_bits, val
     values = fields(cache_format.value_groups, torch.float32)
     q = torch.randn(batch, 2 * group, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
     seq_lens = torch.randint(1, tokens + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
-    ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format)
+    perms = {name: torch.rand(batch, 2, 128, device="cuda", generator=gen).argsort(dim=-1)
+             for name in ("key_permutation", "value_permutation")} if key_bits == "split" else {}
+    ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format, **perms)
     for splits, block_n, stages, staging in ((1, 32, 2, "registers"), (3, 32, 1, "registers"), (2, 16, 2, "registers"),
                                              (1, 64, 1, "registers"), (1, 32, 2, "shared"), (3, 32, 4, "shared")):
         if staging == "shared" and group not in (4, 16):  # the ring at the benchmark's group and the largest only
             continue  # (each variant is a compile on the device)
         out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, kernel="mma", num_splits=splits,
-                                             block_n=block_n, num_stages=stages, staging=staging)
+                                             block_n=block_n, num_stages=stages, staging=staging, **perms)
         assert ((out.double() - ref).norm() / ref.norm()) < 1e-2, (splits, block_n, stages, staging)
 
 
