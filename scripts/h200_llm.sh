@@ -10,8 +10,9 @@
 #   bash scripts/h200_llm.sh parallel SECONDS JOBFILE       # every line "STAGE MODEL [OVERRIDES...]" of JOBFILE
 #                                                           # as its own process, all sharing the GPU
 # MODEL: qwen25_coder_15b (default) | qwen25_coder_05b | smollm2_135m, each ferried as /tmp/model/<prefix>.partNN.
-# Wheels are installed from /tmp/whl (ferried beside the last parts), RULER samples made off the device are read
-# from /tmp/tqcache/ruler_samples (the generators' cache: a sample set whose key does not match is generated here).
+# Wheels are installed from /tmp/whl (scripts/ferry.py: what is carried and in how many calls), RULER samples made
+# off the device are read from /tmp/tqcache/ruler_samples (the generators' cache: a sample set whose key does not
+# match is generated here).
 # Why parallel: a decode step on this path is bound by the host (benchmarks/NOTES.md), so several processes
 # keep one GPU busier than one; their `seconds` columns are then not per-cell costs (the dry run never shares).
 # Results accumulate in /tmp/tq_results, seeded from the committed stores (so a stage resumes the committed runs;
@@ -54,7 +55,18 @@ m = load_model(model_spec_from_config(cfg), 'cuda'); print('$m', got[:12], trans
 }
 case $stage in
   setup)
+    for d in needle kv_ablation ruler longbench; do  # a stashed table would seed an empty store: everything recomputed
+      if [ -d results/$d/runs ] && [ ! -f results/$d/results.csv ]; then
+        echo "results/$d/results.csv is missing (stashed by scripts/ferry.py shrink?): restore it before this call" >&2
+        exit 2
+      fi
+    done
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/whl/*.whl || exit 1
+    python3 -c "import importlib, transformers; from packaging.version import Version
+missing = [m for m in ('hydra', 'omegaconf', 'gguf', 'nltk', 'wonderwords', 'tenacity', 'needlehaystack')
+           if importlib.util.find_spec(m) is None]
+assert not missing and Version(transformers.__version__) >= Version('5.24'), (missing, transformers.__version__)" \
+      || { echo "the wheels in /tmp/whl lack what the runs import (python scripts/ferry.py wheels)" >&2; exit 1; }
     mkdir -p /tmp/tq_results && for d in needle kv_ablation ruler longbench; do [ -d results/$d ] && cp -rn results/$d /tmp/tq_results/; done
     pids=(); for m in qwen25_coder_15b qwen25_coder_05b smollm2_135m; do convert $m & pids+=($!); done
     status=0; for p in "${pids[@]}"; do wait "$p" || status=1; done; exit $status ;;
