@@ -150,17 +150,27 @@ def wheels() -> None:
 def ruler_samples(job_file: Path) -> None:
     """The RULER sample sets the ``ruler`` lines of ``job_file`` will read, made on this machine
     (``scripts/ruler_samples.py``, in the user cache) and packed as ``.ferry/ruler_samples.tgz``: its RULER runs then
-    generate none (``h200_llm.sh`` reads ``/tmp/tqcache/ruler_samples``)."""
+    generate none (``h200_llm.sh`` reads ``/tmp/tqcache/ruler_samples``). The model is named as ``h200_llm.sh`` names
+    it (its GGUF in ``/tmp/model``, put there from the packages first), so the run's config, and with it the units the
+    stores still lack, are the device's."""
     sys.path.insert(0, str(REPO))
     from experiments.data.cache import cache_root
 
     models = []
     for line in job_file.read_text().splitlines():
         words = line.split()
-        if words and words[0] == "ruler":
-            subprocess.run([sys.executable, "scripts/ruler_samples.py", "experiment=ruler", f"model={words[1]}",
-                            "scale=gpu", "scale.device=cpu", *words[2:]], cwd=REPO, check=True)
-            models.append(words[1])
+        if not words or words[0] != "ruler":
+            continue
+        model, overrides = words[1], words[2:]
+        gguf = Path("/tmp/model") / _gguf_name(model)
+        if not gguf.exists():
+            gguf.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=gguf.parent) as work:
+                shutil.move(model_file(model, Path(work))[0], gguf)
+        subprocess.run([sys.executable, "scripts/ruler_samples.py", "experiment=ruler", f"model={model}",
+                        "model.packaged_gguf=null", f"+model.pretrained={gguf.parent}", f"+model.gguf_file={gguf.name}",
+                        "scale=gpu", "scale.device=cpu", *overrides], cwd=REPO, check=True)
+        models.append(model)
     if not models:
         raise SystemExit(f"{job_file} has no ruler line")
     folders = [f"ruler_samples/{name}" for name in sorted(set(models))
@@ -168,6 +178,12 @@ def ruler_samples(job_file: Path) -> None:
     subprocess.run(["tar", "-czf", str(FERRY / "ruler_samples.tgz"), "-C", str(cache_root()), *folders], check=True)
     print(f".ferry/ruler_samples.tgz ({(FERRY / 'ruler_samples.tgz').stat().st_size / 2**20:.1f} MiB): carried with "
           f"the wheels, unpacked there by `mkdir -p /tmp/tqcache && tar -xzf .ferry/ruler_samples.tgz -C /tmp/tqcache`")
+
+
+def _gguf_name(model: str) -> str:
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.load(REPO / "configs" / "model" / f"{model}.yaml").packaged_gguf.file_name)
 
 
 def main(argv: list[str] | None = None) -> None:
