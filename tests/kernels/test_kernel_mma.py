@@ -70,22 +70,24 @@ def _row_bits(row: np.ndarray, start: int, count: int) -> int:
 
 
 def test_three_bit_slots_are_the_groups_of_the_row() -> None:
-    """What ``_mma.key_slots`` / ``value_slots`` compute from the words they load (the same formulas, in NumPy) is the
-    24-bit group of the slot's 8 channels: key slot 4t + i = channels 32t + 8i.., value slot 2g + w = 16g + 8w.."""
+    """What ``_mma.key_slots`` / ``value_slots`` compute from the words they load (the same formulas, in NumPy) holds
+    in bits 0-23 the 24-bit group of the slot's 8 channels (bits 24-31 are left as they fall: ``PRMT_PAIR3`` does not
+    read them): key slot 4t + i = channels 32t + 8i.., value slot 2g + w = 16g + 8w.."""
     rng = np.random.default_rng(3)
     for row in rng.integers(0, 256, size=(50, 48), dtype=np.uint8):
         words = row.view("<u4").astype(np.uint64)  # the 12 words of a 3-bit row of 128 channels
         for t in range(4):  # key_slots: lane t loads words 3t .. 3t + 2
             w0, w1, w2 = (int(words[3 * t + i]) for i in range(3))
-            slots = [w0 & 0xFFFFFF, (w0 >> 24) | ((w1 & 0xFFFF) << 8), (w1 >> 16) | ((w2 & 0xFF) << 16), w2 >> 8]
+            slots = [w0, (w0 >> 24) | (w1 << 8), (w1 >> 16) | (w2 << 16), w2 >> 8]
             for i, slot in enumerate(slots):
-                assert slot == _row_bits(row, 3 * (32 * t + 8 * i), 24)
+                assert slot & 0xFFFFFF == _row_bits(row, 3 * (32 * t + 8 * i), 24)
         for g in range(8):  # value_slots: lane g loads words floor(3g / 2) and the next
             first = 3 * (g >> 1) + (g & 1)
             both = int(words[first]) | (int(words[first + 1]) << 32) if first + 1 < 12 else int(words[first])
             offset = 16 * (g & 1)
             for w in range(2):
-                assert (both >> (offset + 24 * w)) & 0xFFFFFF == _row_bits(row, 3 * (16 * g + 8 * w), 24)
+                slot = (both >> (offset + 24 * w)) & 0xFFFFFFFF  # the uint32 the slot keeps
+                assert slot & 0xFFFFFF == _row_bits(row, 3 * (16 * g + 8 * w), 24)
 
 
 @pytest.mark.parametrize("dim", [64, 128])

@@ -158,9 +158,9 @@ def cut_key_slots(loaded, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
         even, odd = gl.split(loaded)  # i0 = 0: words i = 0, 2; i0 = 1: words 1, 3 (3 unused)
         w0, w2 = gl.split(even)
         w1, _ = gl.split(odd)
-        g0 = w0 & 0xFFFFFF
-        g1 = (w0 >> 24) | ((w1 & 0xFFFF) << 8)
-        g2 = (w1 >> 16) | ((w2 & 0xFF) << 16)
+        g0 = w0  # bits 24-31 of a group word are not read (PRMT_PAIR3 masks them)
+        g1 = (w0 >> 24) | (w1 << 8)
+        g2 = (w1 >> 16) | (w2 << 16)
         g3 = w2 >> 8
         words = gl.reshape(gl.join(gl.join(g0, g2), gl.join(g1, g3)), (BLOCK_N, 16)).to(gl.int32, bitcast=True)
         words = gl.convert_layout(words, key_words_layout(BLOCK_N), assert_trivial=True)
@@ -198,9 +198,9 @@ def cut_value_slots(loaded, slot, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
         low, high = gl.split(gl.reshape(loaded.to(gl.uint32, bitcast=True), (BLOCK_N, 8, 2)))
         offset, _ = gl.split(gl.reshape(gl.zeros_like(loaded) + (16 * (g & 1))[None, :], (BLOCK_N, 8, 2)))
         both = low.to(gl.uint64) | (high.to(gl.uint64) << 32)
-        first = (both >> offset.to(gl.uint64)) & 0xFFFFFF
-        second = (both >> (offset + 24).to(gl.uint64)) & 0xFFFFFF
-        words = gl.reshape(gl.join(first, second).to(gl.uint32), (BLOCK_N, 16)).to(gl.int32, bitcast=True)
+        first = (both >> offset.to(gl.uint64)).to(gl.uint32)  # bits 24-31: not read (PRMT_PAIR3 masks them)
+        second = (both >> (offset + 24).to(gl.uint64)).to(gl.uint32)
+        words = gl.reshape(gl.join(first, second), (BLOCK_N, 16)).to(gl.int32, bitcast=True)
         words = gl.convert_layout(words, value_words_layout(BLOCK_N, False), assert_trivial=True)
     return words
 
