@@ -307,7 +307,7 @@ def test_query_map_gathers_the_rotated_query_in_key_order(groups) -> None:
 
 
 @pytest.mark.slow
-def test_compiles_for_sm90_with_operands_in_registers() -> None:
+def test_offline_compile_for_sm90_keeps_operands_in_registers() -> None:
     """Offline compile for sm_90 (no GPU; a subprocess, since the interpreter this suite runs under compiles
     nothing): the decoded tiles reach the MMA without a layout conversion (``assert_trivial`` fails the compile
     otherwise) and nothing in the token loop touches shared memory, in the decode split kernel and in the scores
