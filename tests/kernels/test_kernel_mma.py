@@ -342,11 +342,12 @@ def test_offline_compile_for_sm90_keeps_operands_in_registers() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on a CUDA GPU only")
 @pytest.mark.parametrize("batch,tokens,group", [(2, 300, 4), (3, 1000, 6), (1, 70, 7), (2, 129, 16)])
-@pytest.mark.parametrize("key_bits,value_bits", [(4, 4), (3, 3), (4, 3), ("split", "split")])
+@pytest.mark.parametrize("key_bits,value_bits", [("split", "split"), (4, 4), (3, 3), (4, 3)])
 def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group, key_bits, value_bits) -> None:
     """One channel group per stream, or both split as the 3.5-bit preset (32 outlier channels at 4 bits, 96 at 3,
     in a random channel order per row and KV head, as the cache stores it: the query gathered into it, the output
-    scattered back); random codes, norms fp16 for keys and fp32 for values."""
+    scattered back); random codes, norms fp16 for keys and fp32 for values. The split runs first: the LLM holds'
+    3.5-bit rows wait on it, and a kernels call's test budget may end before the last case."""
     from turboquant.kernels.decode_attention import decode_attention_groups_reference, decode_attention_groups_triton
 
     def stream(bits, seed):
