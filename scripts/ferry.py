@@ -101,7 +101,8 @@ def parts(model: str) -> None:
     if model not in PREFIXES:
         raise SystemExit(f"model must be one of {sorted(PREFIXES)}, got {model!r}")
     prefix = PREFIXES[model]
-    now, full = tree_bytes(), tree_bytes() + stashed_bytes()
+    now = tree_bytes()
+    full = now + stashed_bytes()
     size, last_max = CALL_LIMIT - now - MARGIN, CALL_LIMIT - full - MARGIN
     for old in FERRY.glob(f"{prefix}.part*"):
         old.unlink()

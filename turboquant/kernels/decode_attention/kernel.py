@@ -347,9 +347,8 @@ def rotate_kernel(
     ``out = x @ mat`` for the group's rows of ``x`` (any float dtype, summed in float32; ``mat`` (dim, cols) float32,
     strides ``stride_ad``, ``stride_aj``), written in the output's dtype. ``PERMUTE``: ``"none"``; ``"input"``: x's
     columns gathered through the (batch row, KV head)'s channel order, ``x_P[d] = x[perm[d]]`` (the query in a split
-    cache's key order);
-    ``"output"``: the output scattered through it, ``out[perm[j]] = o[j]`` (the merged output back in the model's
-    value order)."""
+    cache's key order); ``"output"``: the output scattered through it, ``out[perm[j]] = o[j]`` (the merged output
+    back in the model's value order)."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
