@@ -167,19 +167,23 @@ def bench_decode_step(bench: Bench, sizes: Any, variants: dict[str, dict]) -> li
                 check = f"static store: logits vs workspace rel err {err:.1e}"
                 rows += _graph_rows(bench, f"TurboQuant {name}, fused kernel", size,
                                     partial(graphed_step, model, token, static, ctx + 1, fused=True), moved,
-                                    graph_base, t_graph_full, check)
+                                    graph_base, t_graph_full, check,
+                                    after=lambda: [layer.after_graph_replays() for layer in static.layers])
                 del static
     return rows
 
 
 def _graph_rows(bench: Bench, label: str, size: str, capture: Callable[[], Callable[[], None]], moved: int,
-                baseline: str, baseline_us: float, check: str) -> list[Row]:
-    """The wall and GPU-busy rows of a step captured by ``capture()``, the busy row against the same wall; a failed
-    capture is recorded as two failed rows, and the run goes on."""
+                baseline: str, baseline_us: float, check: str, after: Callable[[], Any] | None = None) -> list[Row]:
+    """The wall and GPU-busy rows of a step captured by ``capture()``, the busy row against the same wall; ``after``
+    runs after the replays (a static store's records of what its replays met, raised there). A failed capture or
+    check is recorded as two failed rows, and the run goes on."""
     try:
         replay = capture()
         wall, busy = bench.timer(replay), gpu_busy_us(replay)
-    except Exception as exc:  # a capture that reads the host, or a kernel that fails in a graph
+        if after is not None:
+            after()
+    except Exception as exc:  # a capture that reads the host, a kernel that fails in a graph, a replay's record
         return [failed_row("decode_step", f"{label}, CUDA graph, {kind}", size, exc) for kind in ("wall", "GPU busy")]
     return [Row("decode_step", f"{label}, CUDA graph, wall", size, wall, moved, bench.floor_us(moved), baseline,
                 baseline_us, check),

@@ -121,6 +121,27 @@ def test_a_padded_mask_met_in_a_graph_is_reported(tiny_model, prompt_ids, monkey
     cache.layers[0].after_graph_replays()  # the record was cleared
 
 
+def test_a_captured_step_reads_the_length_on_the_device(tiny_model, prompt_ids, monkeypatch) -> None:
+    """Inside a capture a static store's length is its device count, so the query offset and mask transformers
+    derive from it follow the replays; a host int would freeze the capture-time length into the graph, and the
+    replays' masks would hide the tokens written since."""
+    cache = build_cache("turboquant", tiny_model.config, fused_decode=True, capacity=PROMPT + 8)
+    with torch.no_grad(), attach(tiny_model, cache):
+        tiny_model(prompt_ids[:, :PROMPT], cache=cache)
+        tiny_model(prompt_ids[:, PROMPT:PROMPT + 1], cache=cache)  # the warm-up
+    assert cache.get_seq_length() == PROMPT + 1
+    _as_in_a_capture(monkeypatch)
+    length = cache.get_seq_length()
+    assert isinstance(length, torch.Tensor) and int(length) == PROMPT + 1
+    for stream in (cache.layers[0].key_stream, cache.layers[0].value_stream):  # what a replay's write does
+        for buffer in stream.field_buffers.values():
+            buffer.device_length.add_(1)
+    assert int(length) == PROMPT + 2
+    monkeypatch.undo()
+    cache.layers[0].after_graph_replays()
+    assert cache.get_seq_length() == PROMPT + 2
+
+
 def _called_from_triton() -> bool:
     """Whether the caller runs inside Triton (its CPU interpreter reads tensors on the host; a GPU launch does not)."""
     frame = sys._getframe(2)

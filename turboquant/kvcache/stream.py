@@ -186,6 +186,13 @@ class QuantizedStream:
         return ({name: buffer.storage for name, buffer in self.field_buffers.items()},
                 first.device_length.to(torch.int32).expand(batch).contiguous())
 
+    def device_tokens(self) -> torch.Tensor:
+        """A static store's token count on the device, a 0-dim int64 tensor that its writes advance in place (so a
+        CUDA graph that reads it reads each replay's count). A static store holds no sink and no window."""
+        if self.capacity is None or not self.field_buffers:
+            raise ValueError("only a static store that holds tokens keeps its count on the device")
+        return next(iter(self.field_buffers.values())).device_length
+
     def resync(self) -> None:
         """After replays of a captured decode step: the host's token count read back from a static store's device
         count (one synchronisation; nothing to do for a growing store)."""

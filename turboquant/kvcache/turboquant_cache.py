@@ -469,6 +469,14 @@ class TurboQuantLayer(StreamLayer):
         return (self.is_initialized and self.fused and self.attached and query_length == 1
                 and self.stored_tokens() > 0)
 
+    def get_seq_length(self) -> int | torch.Tensor:
+        """Tokens seen; inside a CUDA-graph capture over a static store, the store's count on the device (a 0-dim
+        tensor, as transformers' ``StaticLayer`` returns), so that the query offset, positions and mask a captured
+        step derives from it follow every replay instead of the count at capture time."""
+        if self.capacity is not None and self.is_initialized and tq.quantizers._capturing():
+            return self.key_stream.device_tokens()
+        return super().get_seq_length()
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """A static store's decode step is masked over the whole capacity, as transformers' ``StaticLayer`` is, so
         that a mask built inside a captured graph covers every later replay (:meth:`_check_static_mask`)."""
