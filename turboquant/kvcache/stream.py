@@ -179,12 +179,11 @@ class QuantizedStream:
         store grows."""
         if not self.field_buffers:
             return None, None
-        first = next(iter(self.field_buffers.values()))
         if self.capacity is None:
-            return self.fields, torch.full((batch,), self.quantized_tokens, dtype=torch.int32,
-                                           device=first.storage.device)
+            device = next(iter(self.field_buffers.values())).storage.device
+            return self.fields, torch.full((batch,), self.quantized_tokens, dtype=torch.int32, device=device)
         return ({name: buffer.storage for name, buffer in self.field_buffers.items()},
-                first.device_length.to(torch.int32).expand(batch).contiguous())
+                self.device_tokens().to(torch.int32).expand(batch).contiguous())
 
     def device_tokens(self) -> torch.Tensor:
         """A static store's token count on the device, a 0-dim int64 tensor that its writes advance in place (so a
