@@ -136,7 +136,7 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
                 continue
             factor, graph = kw.pop("split_factor", 1), kw.pop("graph", False)
             options = {k: v for k, v in kw.items() if k in ("kernel", "decoder", "inner", "lookup", "block_n",
-                                                           "num_stages", "staging")}
+                                                           "num_stages")}
             plan = split_plan(cache_format, bsz, HEADS_Q, HEADS_KV, ctx, device, **options)  # what the timed call runs
             if factor != 1:  # a multiple of that kernel's default split count
                 kw["num_splits"] = max(1, round(factor * plan.num_splits))

@@ -184,17 +184,6 @@ def _session5_calls(ops: list[str]):
             decode_attention_groups_triton(torch.randn(1, 32, dim, generator=gen), *fields,
                                            torch.tensor([64], dtype=torch.int32), split_format, num_splits=1,
                                            kernel="mma")
-            for name, k_codes, v_codes, k_cb, v_cb, bits in (("K4V4", codes, codes, cb, cb, 4),
-                                                              ("K3V3", codes3, codes3, cb3, cb3, 3)):
-                label["now"] = f"decode {name} mma bn32 ring of 2"  # cp.async into shared memory, 1 tile ahead
-                decode_attention_triton(torch.randn(1, 32, dim, generator=gen), k_codes, norms, v_codes, norms,
-                                        torch.tensor([64], dtype=torch.int32), k_centroids=k_cb, v_centroids=v_cb,
-                                        k_bits=bits, v_bits=bits, rotation=rot, num_splits=1, num_stages=2,
-                                        staging="shared", kernel="mma")
-            label["now"] = "decode 3.5-bit split mma bn32 ring of 2"
-            decode_attention_groups_triton(torch.randn(1, 32, dim, generator=gen), *fields,
-                                           torch.tensor([64], dtype=torch.int32), split_format, num_splits=1,
-                                           num_stages=2, staging="shared", kernel="mma")
         for bits in (4, 3) if {"decode", "scores"} & set(ops) else ():
             cb = tq.lloyd_max_codebook(dim, bits).centroids_tensor()
             lead = (1, 8, 64)

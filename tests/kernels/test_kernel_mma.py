@@ -277,23 +277,14 @@ def test_launch_names_the_refusal(device) -> None:
                                        torch.tensor([4], device=device), cache_format, kernel="mma")
 
 
-def test_staging_refusals(device) -> None:
-    """The shared-memory ring is the register-operand kernel's, with a power of two of stages; a misspelt staging and
-    a ring where the tile kernel runs are refused by name, not run as something else."""
-    from turboquant.kernels.decode_attention.launch import split_plan
+def test_pipeline_depth_refusal() -> None:
+    """The register-operand kernel pipelines its loads 1 or 2 tiles deep; another depth is refused by name, not run
+    as something else."""
     from turboquant.kernels.decode_attention.mma import _meta
 
-    cache_format = _format(device=str(device))
-    with pytest.raises(ValueError, match="staging must be 'registers' or 'shared'"):
-        split_plan(cache_format, 1, 32, 8, 64, device, staging="smem")
-    with pytest.raises(ValueError, match="register-operand kernel's option"):
-        split_plan(cache_format, 1, 32, 8, 64, device, kernel="tiles", staging="shared")
-    with pytest.raises(ValueError, match="power of two"):
-        _meta(4, 32, 3, True, 4, 4)
-    with pytest.raises(ValueError, match="power of two"):
-        _meta(4, 32, 4, False, 4, 4)
-    assert _meta(4, 32, 4, True, 4, 4)["maxnreg"] == 144 and "maxnreg" not in _meta(4, 32, 2, False, 4, 4)
-    assert "maxnreg" not in _meta(4, 32, 2, True, 43, 43)  # the split preset: uncapped
+    with pytest.raises(ValueError, match="1 or 2 stages"):
+        _meta(4, 32, 3, 4, 4)
+    assert _meta(4, 32, 2, 4, 4)["STAGES"] == 2
 
 
 @pytest.mark.parametrize("groups", [1, 2])
@@ -327,17 +318,12 @@ def test_offline_compile_for_sm90_keeps_operands_in_registers() -> None:
             if "mma_split_kernel" in line or "mma_scores_kernel" in line]
     assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 4 + ["mma_scores_kernel"]  # 4-bit variants
                                                + ["mma_split_kernel"] * 2 + ["mma_scores_kernel"]  # K3V3, K4V3, b=3
-                                               + ["mma_split_kernel"]  # the 3.5-bit split
-                                               + ["mma_split_kernel"] * 3)  # K4V4, K3V3, split: words in a ring
+                                               + ["mma_split_kernel"])  # the 3.5-bit split
     for row in rows:
         assert int(row["HMMA"]) > 0 and int(row["loop"]) > 0, row
         slices = 5 if "split" in row["launch"] else 4
         assert int(row["LDSM"]) <= slices and int(row["STS"]) <= 2 * slices, row
-        if "ring" in row["launch"]:  # the raw code words read back from the ring; a staged decoded tile would add
-            assert 0 < int(row["loop shared"]) <= 32, row  # 64 stores and loads or more per tile
-            assert int(row["stack"]) <= 32, row  # a few bytes spilled under the 144-register cap (8 at 4 bits)
-        else:
-            assert row["stack"] == "0" and row["loop shared"] == "0", row
+        assert row["stack"] == "0" and row["loop shared"] == "0", row
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on a CUDA GPU only")
@@ -369,13 +355,10 @@ def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group, key_bits, val
     perms = {name: torch.rand(batch, 2, 128, device="cuda", generator=gen).argsort(dim=-1)
              for name in ("key_permutation", "value_permutation")} if key_bits == "split" else {}
     ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format, **perms)
-    for splits, block_n, stages, staging in ((1, 32, 2, "registers"), (3, 32, 1, "registers"), (2, 16, 2, "registers"),
-                                             (1, 64, 1, "registers"), (1, 32, 2, "shared"), (3, 32, 4, "shared")):
-        if staging == "shared" and group not in (4, 16):  # the ring at the benchmark's group and the largest only
-            continue  # (each variant is a compile on the device)
+    for splits, block_n, stages in ((1, 32, 2), (3, 32, 1), (2, 16, 2), (1, 64, 1)):
         out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, kernel="mma", num_splits=splits,
-                                             block_n=block_n, num_stages=stages, staging=staging, **perms)
-        assert ((out.double() - ref).norm() / ref.norm()) < 1e-2, (splits, block_n, stages, staging)
+                                             block_n=block_n, num_stages=stages, **perms)
+        assert ((out.double() - ref).norm() / ref.norm()) < 1e-2, (splits, block_n, stages)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on a CUDA GPU only")

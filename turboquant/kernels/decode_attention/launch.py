@@ -53,27 +53,20 @@ class SplitPlan:
 def split_plan(cache_format: CacheFormat, batch: int, n_heads: int, n_kv_heads: int, max_tokens: int,
                device: torch.device, *, kernel: str = "auto", decoder: str = "auto", inner: str = "dot",
                lookup: bool = True, block_n: int | None = None, num_splits: int | None = None,
-               num_stages: int = 2, staging: str = "registers") -> SplitPlan:
+               num_stages: int = 2) -> SplitPlan:
     """The :class:`SplitPlan` of :func:`decode_attention_groups_triton` for these options (its docstring; None /
     ``"auto"`` take the defaults): ``kernel="auto"`` is ``"mma"`` where it serves the cache
     (:meth:`CacheFormat.mma_unsupported`, ``turboquant.backends.decode_kernel``) unless the tile kernel's own
-    options (``decoder``, ``inner``, ``lookup``) were asked for; ``staging="shared"`` is the register-operand
-    kernel's alone (ValueError where the tile kernel runs)."""
-    if staging not in ("registers", "shared"):
-        raise ValueError(f"staging must be 'registers' or 'shared', got {staging!r}")
+    options (``decoder``, ``inner``, ``lookup``) were asked for."""
     if kernel == "auto" and (decoder != "auto" or inner != "dot" or not lookup):
         kernel = "tiles"
     kernel = decode_kernel(kernel, device, cache_format.mma_unsupported(n_heads, n_kv_heads)).chosen
-    if staging == "shared" and kernel != "mma":
-        raise ValueError("staging='shared' (a cp.async ring) is the register-operand kernel's option; this launch "
-                         "runs the tile kernel")
     if kernel == "mma":
         from .mma import default_mma_splits
 
         block_n = block_n or 32
         num_splits = num_splits or default_mma_splits(batch, n_kv_heads, max_tokens, device, block_n,
-                                                      n_heads // n_kv_heads, num_stages, staging == "shared",
-                                                      cache_format.mma_bits)
+                                                      n_heads // n_kv_heads, num_stages, cache_format.mma_bits)
     else:
         decoder = resolve_decoder(decoder, device, lambda: cache_format.symmetric)
         block_n = block_n or default_block_n(cache_format, decoder)
@@ -127,7 +120,6 @@ def decode_attention_groups_triton(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
-    staging: str = "registers",
     lookup: bool = True,
     decoder: str = "auto",
     inner: str = "dot",
@@ -161,10 +153,7 @@ def decode_attention_groups_triton(
             choose its inner loop), ``"mma"`` (:mod:`.mma`, Gluon, GPU only: decoded codes as register operands
             of ``mma.sync``, for the layouts :meth:`CacheFormat.mma_unsupported` accepts; one-warp programs, ``block_n``
             default 32, ``num_stages`` its loads' pipeline (:func:`.mma.mma_split_kernel`'s ``STAGES``: 1 none, 2
-            the next tile in registers), ``staging`` where the next tiles' code words wait: ``"registers"`` or
-            ``"shared"`` (``cp.async`` copies into a ring of ``num_stages`` slots, a power of two; ``num_stages - 1``
-            tiles ahead, no registers held for them), ``num_splits``
-            default one wave of resident programs: :func:`.mma.default_mma_splits`) or ``"auto"``: ``"mma"`` where it
+            the next tile in registers), ``num_splits`` default one wave of resident programs: :func:`.mma.default_mma_splits`) or ``"auto"``: ``"mma"`` where it
             serves, else ``"tiles"`` (``turboquant.backends.decode_kernel``); ``"tiles"`` as well when ``decoder``,
             ``inner`` or ``lookup`` is not its default.
         return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
@@ -180,8 +169,7 @@ def decode_attention_groups_triton(
     group = n_heads // n_kv_heads
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     plan = split_plan(cache_format, batch, n_heads, n_kv_heads, max_tokens, q.device, kernel=kernel, decoder=decoder,
-                      inner=inner, lookup=lookup, block_n=block_n, num_splits=num_splits, num_stages=num_stages,
-                      staging=staging)
+                      inner=inner, lookup=lookup, block_n=block_n, num_splits=num_splits, num_stages=num_stages)
     # q_P (the GQA group of query heads shares its KV head's channel order) times the kernel's query map, fp16
     query_map = cache_format.mma_query_map if plan.kernel == "mma" else cache_format.query_map
     q_mapped = torch.empty((batch, n_heads, query_map.shape[1]), dtype=torch.float16, device=q.device)
@@ -193,7 +181,7 @@ def decode_attention_groups_triton(
         from .mma import mma_split
 
         mma_split(q_mapped, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split,
-                  plan.block_n, scale * math.log2(math.e), num_stages, staging == "shared")
+                  plan.block_n, scale * math.log2(math.e), num_stages)
     else:
         _tiles_split(q_mapped, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split, scale,
                      group, plan.block_n, plan.decoder if lookup else "none", inner, num_warps, num_stages)

@@ -32,7 +32,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .._mma import (
     MMA,
@@ -57,10 +57,6 @@ from .._mma import (
     value_slot_source,
     value_words_layout,
 )
-
-# cp.async from global to shared memory: async_load from Triton 3.7 on, async_copy_global_to_shared before (the
-# device image's 3.6)
-_copy_async = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)
 
 if TYPE_CHECKING:
     from ...codes import QuantizedVectors
@@ -129,26 +125,12 @@ def _load_words(sources, SPLIT: gl.constexpr):
 
 
 @gluon.jit
-def _copy_words(sources, k_ring, v_ring, o_ring, stage, SPLIT: gl.constexpr):
-    """Asynchronous copies (``cp.async``, one commit group) of the words :func:`_word_sources` names into ``stage``
-    of the rings, each element to the place it is read back from in the same layout, so each lane reads only what it
-    copied itself and ``wait_group`` alone orders them."""
-    kp, kl, vp, vl, op, ol = sources
-    _copy_async(k_ring.index(stage), kp, kl)
-    _copy_async(v_ring.index(stage), vp, vl)
-    if SPLIT:
-        _copy_async(o_ring.index(stage), op, ol)
-    async_copy.commit_group()
-
-
-@gluon.jit
 def mma_split_kernel(
     q_ptr, k_words_ptr, k_norms_ptr, v_words_ptr, v_norms_ptr, k0_words_ptr, k0_norms_ptr, v0_words_ptr,
     v0_norms_ptr, value_rows_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr, k_tables, v_tables, tokens_per_split,
     q_strides, k_strides, kn_strides, v_strides, vn_strides, k0_strides, kn0_strides, v0_strides, vn0_strides,
     part_strides, lse_strides, scale_log2,
-    GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RING: gl.constexpr,
-    KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr,
+    GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr,
 ):
     """One (batch row, KV head, split), one warp. ``q_ptr``: (batch, query heads, 128) fp16 rotated queries in
     :func:`key_channel_order`; ``k_words_ptr`` / ``v_words_ptr``: the packed code rows as int32 words, strides in
@@ -158,11 +140,8 @@ def mma_split_kernel(
     (int32); ``*_tables``: the codebooks' byte tables (4 int32 per codebook, ``_decode.prmt_byte_tables``; the
     outlier codebook's first). Writes the split's normalized output, rotated, and its log2-sum-exp, as
     :func:`.kernel.decode_split_kernel` does. ``STAGES``, the loads' pipeline (Triton does not pipeline loads whose
-    consumer is inline assembly, so the kernel does): 1, each tile loaded where it is decoded; 2 without ``RING``,
-    the next tile's loads issued before this tile is decoded (a register double buffer); with ``RING`` (``STAGES`` a
-    power of two >= 2), the code words of the next ``STAGES - 1`` tiles in flight as ``cp.async`` copies into a
-    shared-memory ring of ``STAGES`` slots, no registers held for them (the norms, a few registers, stay one tile
-    ahead in registers)."""
+    consumer is inline assembly, so the kernel does): 1, each tile loaded where it is decoded; 2, the next tile's
+    loads issued before this tile is decoded (a register double buffer)."""
     SPLIT: gl.constexpr = KEY_BITS == SPLIT_43
     b = gl.program_id(0).to(gl.int64)
     kv_head = gl.program_id(1)
@@ -202,47 +181,21 @@ def mma_split_kernel(
     l_i = gl.zeros((HEADS,), gl.float32, layout=gl.SliceLayout(0, MMA))
     acc = gl.zeros((128, HEADS), gl.float32, layout=MMA)
     acc0 = gl.zeros((SPLIT_OUTLIER_ROWS, HEADS), gl.float32, layout=MMA)  # split: the outlier rows (else unused)
-    if RING:  # the rings; tiles 0 .. STAGES - 2 in flight before the loop
-        RING_LAYOUT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # per slot: rows of 16 words
-        k_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], RING_LAYOUT)
-        v_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], RING_LAYOUT)
-        if SPLIT:
-            o_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], RING_LAYOUT)
-        else:
-            o_ring = v_ring  # unused
-        for ahead in gl.static_range(STAGES - 1):
-            _copy_words(_word_sources(k_words, v_words, k0_words, v0_words, start + ahead * BLOCK_N, end, k_tok,
-                                      k_slot, v_tok, v_slot, k_strides, v_strides, k0_strides, v0_strides, KEY_BITS,
-                                      VALUE_BITS, SPLIT), k_ring, v_ring, o_ring, ahead, SPLIT)
     if STAGES > 1:
         kn, vn, kn0, vn0 = _load_norms(k_norms, v_norms, k0_norms, v0_norms, start, end, s_tok, kn_strides,
                                        vn_strides, kn0_strides, vn0_strides, SPLIT)
-    if STAGES == 2 and not RING:
+    if STAGES == 2:
         k_loaded, v_loaded, o_loaded = _load_words(
             _word_sources(k_words, v_words, k0_words, v0_words, start, end, k_tok, k_slot, v_tok, v_slot, k_strides,
                           v_strides, k0_strides, v0_strides, KEY_BITS, VALUE_BITS, SPLIT), SPLIT)
     for n0 in range(start, end, BLOCK_N):
-        if RING:  # tile i sits in slot i % STAGES; its copies are the oldest group not yet waited for
-            stage = ((n0 - start) // BLOCK_N) % STAGES
-            async_copy.wait_group(STAGES - 2)
-            k_loaded = k_ring.index(stage).load(KEY_WORDS)
-            v_loaded = v_ring.index(stage).load(VALUE_WORDS)
-            if SPLIT:
-                o_loaded = o_ring.index(stage).load(VALUE_WORDS)
-            else:
-                o_loaded = v_loaded
-            # tile i + STAGES - 1 into the stage tile i - 1 was read from (its words are decoded by now)
-            _copy_words(_word_sources(k_words, v_words, k0_words, v0_words, n0 + (STAGES - 1) * BLOCK_N, end, k_tok,
-                                      k_slot, v_tok, v_slot, k_strides, v_strides, k0_strides, v0_strides, KEY_BITS,
-                                      VALUE_BITS, SPLIT), k_ring, v_ring, o_ring, (stage + STAGES - 1) % STAGES,
-                        SPLIT)
-        elif STAGES == 1:
+        if STAGES == 1:
             k_loaded, v_loaded, o_loaded = _load_words(
                 _word_sources(k_words, v_words, k0_words, v0_words, n0, end, k_tok, k_slot, v_tok, v_slot, k_strides,
                               v_strides, k0_strides, v0_strides, KEY_BITS, VALUE_BITS, SPLIT), SPLIT)
             kn, vn, kn0, vn0 = _load_norms(k_norms, v_norms, k0_norms, v0_norms, n0, end, s_tok, kn_strides,
                                            vn_strides, kn0_strides, vn0_strides, SPLIT)
-        if STAGES == 2 and not RING:  # the next tile's words, issued before this tile's arithmetic (past `end`: masked)
+        if STAGES == 2:  # the next tile's words, issued before this tile's arithmetic (past `end`: masked)
             next_words = _load_words(
                 _word_sources(k_words, v_words, k0_words, v0_words, n0 + BLOCK_N, end, k_tok, k_slot, v_tok, v_slot,
                               k_strides, v_strides, k0_strides, v0_strides, KEY_BITS, VALUE_BITS, SPLIT), SPLIT)
@@ -272,13 +225,11 @@ def mma_split_kernel(
         else:
             acc = mma_v2(decoded_values(vw, v_tables, BLOCK_N, VALUE_BITS), p_t, acc * alpha[None, :])
         m_i = m_new
-        if STAGES == 2 and not RING:
+        if STAGES == 2:
             k_loaded, v_loaded, o_loaded = next_words
         if STAGES > 1:
             kn, vn, kn0, vn0 = next_norms
 
-    if RING:  # the copies issued for tiles past `end` (masked) complete before the program exits
-        async_copy.wait_group(0)
     has_tokens = l_i > 0
     inv_l = 1.0 / gl.where(has_tokens, l_i, 1.0)
     lse = gl.where(has_tokens, m_i + gl.log2(gl.where(has_tokens, l_i, 1.0)), float("-inf"))
@@ -318,11 +269,11 @@ def _stream_args(groups: Sequence[QuantizedVectors]) -> tuple:
 
 def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors],
               seq_lens: torch.Tensor, cache_format: CacheFormat, part_out: torch.Tensor, part_lse: torch.Tensor,
-              tokens_per_split: int, block_n: int, scale_log2: float, stages: int, ring: bool) -> None:
+              tokens_per_split: int, block_n: int, scale_log2: float, stages: int) -> None:
     """Launch :func:`mma_split_kernel` over ``part_out`` (batch, query heads, splits, 128) / ``part_lse``.
     ``q_rot``: (batch, query heads, 128) fp16 rotated queries in the key order
     (:attr:`CacheFormat.mma_query_map`); ``keys`` / ``values``: each stream's channel groups (outliers first);
-    ``stages``, ``ring``: the kernel's ``STAGES`` and ``RING``."""
+    ``stages``: the kernel's ``STAGES``."""
     batch, n_heads, _ = q_rot.shape
     n_kv_heads, num_splits = keys[0].codes.shape[1], part_out.shape[2]
     (k, kn, k0, kn0), k_strides = _stream_args(keys)
@@ -331,36 +282,24 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
         q_rot, k, kn, v, vn, k0, kn0, v0, vn0, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
         *cache_format.mma_tables, tokens_per_split, q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0],
         v_strides[1], k_strides[2], k_strides[3], v_strides[2], v_strides[3], part_out.stride()[:3],
-        part_lse.stride()[:2], scale_log2, **_meta(n_heads // n_kv_heads, block_n, stages, ring,
-                                              *cache_format.mma_bits),
+        part_lse.stride()[:2], scale_log2, **_meta(n_heads // n_kv_heads, block_n, stages, *cache_format.mma_bits),
     )
 
 
-def _meta(group: int, block_n: int, stages: int, ring: bool, key_bits: int, value_bits: int) -> dict:
-    if not (stages in (1, 2) or ring and stages & (stages - 1) == 0):
-        raise ValueError(f"the register-operand kernel pipelines 1 or 2 stages through registers, or a power of two of "
-                         f"them through a shared-memory ring; got num_stages={stages} with staging="
-                         f"{'shared' if ring else 'registers'}")
-    ring = ring and stages > 1
-    cap = {"maxnreg": RING_REGISTERS} if ring and key_bits != SPLIT_BITS else {}
-    return dict(GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, STAGES=stages, RING=ring,
-                KEY_BITS=key_bits, VALUE_BITS=value_bits, num_warps=1, **cap)
+def _meta(group: int, block_n: int, stages: int, key_bits: int, value_bits: int) -> dict:
+    if stages not in (1, 2):
+        raise ValueError(f"the register-operand kernel pipelines 1 or 2 stages through registers; got num_stages={stages}")
+    return dict(GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, STAGES=stages, KEY_BITS=key_bits,
+                VALUE_BITS=value_bits, num_warps=1)
 
 
 MAX_BLOCKS_PER_SM = 32  # resident thread blocks per SM on sm_80 - sm_90
-# With the words in a shared-memory ring, one channel group per stream: 14 one-warp programs per SM where the register
-# prefetch fits 12 (Triton 3.6's ptxas spills 8 bytes at 4 bits, none at 3; the split preset, which would spill
-# hundreds, is left uncapped: benchmarks/NOTES.md)
-RING_REGISTERS = 144
-SHARED_PER_SM = 228 * 1024  # shared memory of an SM on sm_90 (where torch does not report it)
 
 
 @functools.cache
-def resident_programs(device_index: int, group: int, block_n: int, stages: int, ring: bool,
-                      bits: tuple[int, int]) -> int:
+def resident_programs(device_index: int, group: int, block_n: int, stages: int, bits: tuple[int, int]) -> int:
     """One-warp programs of :func:`mma_split_kernel` that fit on one SM at once: the SM's registers over the
-    kernel's (compiled once, fp16 norms; ptxas allocates registers per warp in units of 256) and its shared memory
-    over the kernel's (the rings with ``ring``, plus 1 KB the runtime reserves per block), at most
+    kernel's (compiled once, fp16 norms; ptxas allocates registers per warp in units of 256), at most
     :data:`MAX_BLOCKS_PER_SM`."""
     from triton.runtime.jit import MockTensor
 
@@ -371,23 +310,21 @@ def resident_programs(device_index: int, group: int, block_n: int, stages: int, 
         compiled = mma_split_kernel.warmup(
             f16, i32, f16, i32, f16, i32, f16, i32, f16, i32, i32, f32, f32, tables, tables, 1024, (4096, 128),
             words, norms, words, norms, words, norms, words, norms, words, (4096, 64), 1.0, grid=(1,),
-            **_meta(group, block_n, stages, ring, *bits))
+            **_meta(group, block_n, stages, *bits))
         compiled._init_handles()  # loads the binary, which is when Triton reads its register count
     props = torch.cuda.get_device_properties(device_index)
     registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
-    shared_per_sm = getattr(props, "shared_memory_per_multiprocessor", SHARED_PER_SM)
     return max(1, min(MAX_BLOCKS_PER_SM, props.max_threads_per_multi_processor // 32,
-                      props.regs_per_multiprocessor // registers_per_warp,
-                      shared_per_sm // (compiled.metadata.shared + 1024)))
+                      props.regs_per_multiprocessor // registers_per_warp))
 
 
 def default_mma_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device, block_n: int,
-                       group: int, stages: int, ring: bool, bits: tuple[int, int] = (4, 4)) -> int:
+                       group: int, stages: int, bits: tuple[int, int] = (4, 4)) -> int:
     """Splits so that the grid is one wave of resident programs (:func:`resident_programs` on every SM: a partial
     second wave would leave most SMs idle at its end), at least one tile per split."""
     if device.type != "cuda":
         return 1
     index = device.index if device.index is not None else torch.cuda.current_device()
-    wave = resident_programs(index, group, block_n, stages, ring, bits) * torch.cuda.get_device_properties(
+    wave = resident_programs(index, group, block_n, stages, bits) * torch.cuda.get_device_properties(
         index).multi_processor_count
     return max(1, min(wave // (batch * n_kv_heads), triton.cdiv(max_tokens, block_n)))
