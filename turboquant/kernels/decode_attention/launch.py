@@ -153,9 +153,10 @@ def decode_attention_groups_triton(
             choose its inner loop), ``"mma"`` (:mod:`.mma`, Gluon, GPU only: decoded codes as register operands
             of ``mma.sync``, for the layouts :meth:`CacheFormat.mma_unsupported` accepts; one-warp programs, ``block_n``
             default 32, ``num_stages`` its loads' pipeline (:func:`.mma.mma_split_kernel`'s ``STAGES``: 1 none, 2
-            the next tile in registers), ``num_splits`` default one wave of resident programs: :func:`.mma.default_mma_splits`) or ``"auto"``: ``"mma"`` where it
-            serves, else ``"tiles"`` (``turboquant.backends.decode_kernel``); ``"tiles"`` as well when ``decoder``,
-            ``inner`` or ``lookup`` is not its default.
+            the next tile in registers), ``num_splits`` default one wave of resident programs:
+            :func:`.mma.default_mma_splits`) or ``"auto"``: ``"mma"`` where it serves, else ``"tiles"``
+            (``turboquant.backends.decode_kernel``); ``"tiles"`` as well when ``decoder``, ``inner`` or ``lookup`` is
+            not its default.
         return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
             (batch, query_heads), ``-inf`` for a row without tokens: what an exact merge with attention over
             other tokens needs (``o = sum_i exp(lse_i - lse) o_i``, ``lse = log sum_i exp(lse_i)``).

@@ -130,7 +130,8 @@ def mma_split_kernel(
     v0_norms_ptr, value_rows_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr, k_tables, v_tables, tokens_per_split,
     q_strides, k_strides, kn_strides, v_strides, vn_strides, k0_strides, kn0_strides, v0_strides, vn0_strides,
     part_strides, lse_strides, scale_log2,
-    GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr,
+    GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KEY_BITS: gl.constexpr,
+    VALUE_BITS: gl.constexpr,
 ):
     """One (batch row, KV head, split), one warp. ``q_ptr``: (batch, query heads, 128) fp16 rotated queries in
     :func:`key_channel_order`; ``k_words_ptr`` / ``v_words_ptr``: the packed code rows as int32 words, strides in
@@ -288,19 +289,21 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
 
 def _meta(group: int, block_n: int, stages: int, key_bits: int, value_bits: int) -> dict:
     if stages not in (1, 2):
-        raise ValueError(f"the register-operand kernel pipelines 1 or 2 stages through registers; got num_stages={stages}")
+        raise ValueError(f"the register-operand kernel pipelines 1 or 2 stages through registers; got "
+                         f"num_stages={stages}")
     return dict(GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, STAGES=stages, KEY_BITS=key_bits,
                 VALUE_BITS=value_bits, num_warps=1)
 
 
 MAX_BLOCKS_PER_SM = 32  # resident thread blocks per SM on sm_80 - sm_90
+SHARED_PER_SM = 228 * 1024  # shared memory of an SM on sm_90 (where torch does not report it)
 
 
 @functools.cache
 def resident_programs(device_index: int, group: int, block_n: int, stages: int, bits: tuple[int, int]) -> int:
     """One-warp programs of :func:`mma_split_kernel` that fit on one SM at once: the SM's registers over the
-    kernel's (compiled once, fp16 norms; ptxas allocates registers per warp in units of 256), at most
-    :data:`MAX_BLOCKS_PER_SM`."""
+    kernel's (compiled once, fp16 norms; ptxas allocates registers per warp in units of 256) and its shared memory
+    over the kernel's (plus 1 KB the runtime reserves per block), at most :data:`MAX_BLOCKS_PER_SM`."""
     from triton.runtime.jit import MockTensor
 
     i32, f16, f32 = (MockTensor(t) for t in (torch.int32, torch.float16, torch.float32))
@@ -314,8 +317,10 @@ def resident_programs(device_index: int, group: int, block_n: int, stages: int, 
         compiled._init_handles()  # loads the binary, which is when Triton reads its register count
     props = torch.cuda.get_device_properties(device_index)
     registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
+    shared_per_sm = getattr(props, "shared_memory_per_multiprocessor", SHARED_PER_SM)
     return max(1, min(MAX_BLOCKS_PER_SM, props.max_threads_per_multi_processor // 32,
-                      props.regs_per_multiprocessor // registers_per_warp))
+                      props.regs_per_multiprocessor // registers_per_warp,
+                      shared_per_sm // (compiled.metadata.shared + 1024)))
 
 
 def default_mma_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device, block_n: int,
