@@ -131,12 +131,13 @@ def test_a_captured_step_reads_the_length_on_the_device(tiny_model, prompt_ids, 
         tiny_model(prompt_ids[:, PROMPT:PROMPT + 1], cache=cache)  # the warm-up
     assert cache.get_seq_length() == PROMPT + 1
     _as_in_a_capture(monkeypatch)
-    length = cache.get_seq_length()
-    assert isinstance(length, torch.Tensor) and int(length) == PROMPT + 1
+    length, offset = cache.get_seq_length(), cache.get_query_offset(0)  # positions; the causal mask's query row
+    for count in (length, offset):
+        assert isinstance(count, torch.Tensor) and int(count) == PROMPT + 1
     for stream in (cache.layers[0].key_stream, cache.layers[0].value_stream):  # what a replay's write does
         for buffer in stream.field_buffers.values():
             buffer.device_length.add_(1)
-    assert int(length) == PROMPT + 2
+    assert int(length) == int(offset) == PROMPT + 2
     monkeypatch.undo()
     cache.layers[0].after_graph_replays()
     assert cache.get_seq_length() == PROMPT + 2

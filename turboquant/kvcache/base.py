@@ -310,6 +310,11 @@ class CompressedLayer(CacheLayerMixin):
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.stored_tokens() + query_length, 0
 
+    def get_query_offset(self) -> int | torch.Tensor:
+        """The first query position in the causal mask's key index: the tokens stored (fewer than seen for the
+        eviction layers)."""
+        return self.stored_tokens()
+
     def get_max_length(self) -> int:
         return -1
 
@@ -443,11 +448,11 @@ class CompressedCache(Cache):
         if layer_idx == len(self.layers) - 1:
             self.ratio_samples.append(self.memory_ratio())
 
-    def get_query_offset(self, layer_idx: int = 0) -> int:
-        # The causal mask indexes stored key positions; for eviction caches stored < seen.
+    def get_query_offset(self, layer_idx: int = 0) -> int | torch.Tensor:
+        """Layer ``layer_idx``'s :meth:`CompressedLayer.get_query_offset` (0 before its first update)."""
         if layer_idx >= len(self.layers) or not self.layers[layer_idx].is_initialized:
             return 0
-        return self.layers[layer_idx].stored_tokens()
+        return self.layers[layer_idx].get_query_offset()
 
     def attention_path(self) -> str:
         """``"fused"`` when some layer's decode steps read the packed store through the kernel, else

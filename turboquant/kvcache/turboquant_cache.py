@@ -469,13 +469,20 @@ class TurboQuantLayer(StreamLayer):
         return (self.is_initialized and self.fused and self.attached and query_length == 1
                 and self.stored_tokens() > 0)
 
+    def _counts_on_device(self) -> bool:
+        """Inside a CUDA-graph capture over a static store: the lengths a captured step derives must be the store's
+        count on the device (a 0-dim tensor, as transformers' ``StaticLayer`` returns), which every replay's write
+        advances; a host int would freeze the capture-time length into the graph."""
+        return self.capacity is not None and self.is_initialized and tq.quantizers._capturing()
+
     def get_seq_length(self) -> int | torch.Tensor:
-        """Tokens seen; inside a CUDA-graph capture over a static store, the store's count on the device (a 0-dim
-        tensor, as transformers' ``StaticLayer`` returns), so that the query offset, positions and mask a captured
-        step derives from it follow every replay instead of the count at capture time."""
-        if self.capacity is not None and self.is_initialized and tq.quantizers._capturing():
-            return self.key_stream.device_tokens()
-        return super().get_seq_length()
+        """Tokens seen (the positions); in a capture over a static store, the device count (:meth:`_counts_on_device`)."""
+        return self.key_stream.device_tokens() if self._counts_on_device() else super().get_seq_length()
+
+    def get_query_offset(self) -> int | torch.Tensor:
+        """Tokens stored (the causal mask's query row); in a capture over a static store, the device count
+        (:meth:`_counts_on_device`), else every replay's mask would end at the capture-time token."""
+        return self.key_stream.device_tokens() if self._counts_on_device() else super().get_query_offset()
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """A static store's decode step is masked over the whole capacity, as transformers' ``StaticLayer`` is, so
