@@ -9,6 +9,11 @@
 #   bash scripts/h200_llm.sh dryrun SECONDS                 # Llama-3.1-8B-shaped random model at 104K tokens
 #   bash scripts/h200_llm.sh parallel SECONDS JOBFILE       # every line "STAGE MODEL [OVERRIDES...]" of JOBFILE
 #                                                           # as its own process, all sharing the GPU
+#   bash scripts/h200_llm.sh detach SECONDS JOBFILE         # `parallel` in a process session of its own: it outlives
+#                                                           # this call (until the machine goes back), so one run
+#                                                           # spans calls and its processes compile and load once
+#   bash scripts/h200_llm.sh wait SECONDS                   # in a later call: until the detached run ends (SECONDS at
+#                                                           # most), packing every PACK_EVERY seconds
 # MODEL: qwen25_coder_15b (default) | qwen25_coder_05b | smollm2_135m, each ferried as /tmp/model/<prefix>.partNN.
 # Wheels are installed from /tmp/whl (scripts/ferry.py: what is carried and in how many calls), RULER samples made
 # off the device are read from /tmp/tqcache/ruler_samples (the generators' cache: a sample set whose key does not
@@ -30,7 +35,7 @@ gguf_of() { case $1 in
   smollm2_135m)     echo SmolLM2-135M-Instruct.Q4_1.gguf ;;
   *) echo "unknown model $1" >&2; exit 2 ;; esac; }
 prefix_of() { case $1 in qwen25_coder_15b) echo q15 ;; qwen25_coder_05b) echo q05 ;; smollm2_135m) echo s135 ;; esac; }
-[ "$stage" = parallel ] || [ "$stage" = setup ] || GGUF=$(gguf_of "$model") || exit 2
+case $stage in parallel|setup|detach|wait) ;; *) GGUF=$(gguf_of "$model") || exit 2 ;; esac
 MODEL="model=$model model.packaged_gguf=null +model.pretrained=/tmp/model +model.gguf_file=${GGUF:-}"
 RESULTS="paths.results_dir=/tmp/tq_results paths.figures_dir=/tmp/tq_results/figures hydra.run.dir=/tmp/tq_hydra/${stage}_${model}_$$"
 log="/tmp/tq_logs/${stage}_${model}_$$.txt"
@@ -93,6 +98,18 @@ assert not missing and Version(transformers.__version__) >= Version('5.24'), (mi
       NOPACK=1 bash "$0" "${job[0]}" "$budget" "${job[@]:1}" & pids+=($!)
     done < "$jobs"
     for p in "${pids[@]}"; do wait "$p"; done; kill "$packer" 2>/dev/null ;;
+  detach)   # the device keeps a process that started its own session (setsid) running after the call returns
+    [ -f "${3:?job file}" ] || { echo "no job file $3" >&2; exit 2; }
+    PACK_EVERY=1000000 setsid bash "$0" parallel "$budget" "$3" > /tmp/tq_logs/detached.txt 2>&1 < /dev/null &
+    echo $! > /tmp/tq_detached.pid; echo "detached: parallel $budget $3 (pid $!)" ;;
+  wait)     # $2 = seconds at most; a call cut off by its limit returns the last pack
+    pid=$(cat /tmp/tq_detached.pid 2>/dev/null) || { echo "nothing detached on this machine" >&2; exit 2; }
+    start=$SECONDS; last=$SECONDS
+    while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - start)) -lt "$budget" ]; do
+      sleep 5; [ $((SECONDS - last)) -lt "${PACK_EVERY:-30}" ] || { pack; last=$SECONDS; }
+    done
+    kill -0 "$pid" 2>/dev/null && echo "the detached run goes on after $budget s" || echo "the detached run ended"
+    cat /tmp/tq_logs/exits.txt 2>/dev/null | tail -20 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 [ -n "${NOPACK:-}" ] || pack
