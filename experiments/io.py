@@ -15,8 +15,10 @@ Identity of a result
     finished units). A *unit* is the smallest piece of work an experiment can redo on its own (e.g.
     one ``(method, bits)`` pair); its ``unit_id`` hashes ``config_id`` together with the unit's keys.
     A unit is done exactly when ``results.csv`` holds rows with its ``unit_id``, all of them whole;
-    rows and "done" are therefore written in one atomic file replacement, so a killed run never leaves
-    a half-written unit and never records a unit as done without its rows.
+    rows and "done" are therefore written together: appended to the file in one write (the usual case, whose
+    cost does not grow with the file), or, where an append cannot store what a rewrite would (a new column,
+    a unit stored again), in one atomic file replacement. A killed append leaves at most a cut-short last
+    line, which is damaged (below), so a killed run never records a unit as done without its rows.
 
 Damaged files
     ``results.csv`` is checked on every read. A row with a missing field, a cut-short last line or a
@@ -35,6 +37,7 @@ Consequences
       its missing units without overlap; the shard is not part of the identity, so the rows are the unsplit run's.
     * Files are replaced atomically (a temporary file renamed over the target, created with the usual
       ``0666 & ~umask`` mode, e.g. 0644); a temporary file left by a killed writer is removed by the next.
+      ``results.csv`` is read under the lock too (an append is not atomic to a reader), except by a read-only store.
 """
 
 from __future__ import annotations
@@ -298,6 +301,7 @@ class ResultStore:
         self.run_path = self.directory / "runs" / f"{self.config_id}.json"
         self._lock_path = self.directory / ".lock"
         self._parsed: tuple[tuple[int, int, int], _Rows] | None = None  # results.csv's stat and contents
+        self._numeric: frozenset[str] | None = None  # the columns the last full read found numeric (_append)
         self.context = {
             "experiment": experiment,
             "config_id": self.config_id,
@@ -392,20 +396,26 @@ class ResultStore:
         return _read_json(self.run_path).get("provenance", {})
 
     # ------------------------------------------------------------------ rows
-    def _rows(self) -> _Rows:
-        """The checked contents of ``results.csv`` (parsed again only when the file changed)."""
-        try:
-            stat = self.csv_path.stat()
-        except FileNotFoundError:
-            return _Rows(pd.DataFrame(columns=list(STORE_COLUMNS)), {}, frozenset())
-        key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-        if self._parsed is None or self._parsed[0] != key:
+    def _rows(self, locked: bool = False) -> _Rows:
+        """The checked contents of ``results.csv`` (parsed again only when the file changed), read under the
+        store's lock unless the caller holds it (``locked``) or the store is read-only."""
+        with contextlib.nullcontext() if locked or self.read_only else file_lock(self._lock_path):
+            try:
+                stat = self.csv_path.stat()
+            except FileNotFoundError:
+                return _Rows(pd.DataFrame(columns=list(STORE_COLUMNS)), {}, frozenset())
+            key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if self._parsed is not None and self._parsed[0] == key:
+                return self._parsed[1]
             try:
                 text = self.csv_path.read_text()
             except (OSError, UnicodeDecodeError) as error:
                 raise ValueError(f"{self.csv_path}: not a readable results file ({error})") from error
-            self._parsed = (key, _parse_rows(self.csv_path, text))
-        return self._parsed[1]
+        rows = _parse_rows(self.csv_path, text)
+        self._parsed = (key, rows)
+        self._numeric = frozenset(c for c in rows.frame.columns if pd.api.types.is_numeric_dtype(rows.frame[c])
+                                  and not pd.api.types.is_bool_dtype(rows.frame[c]))
+        return rows
 
     def _whole_rows(self, rows: _Rows, action: str) -> pd.DataFrame:
         """``rows.frame`` without the units that have damaged rows, warning about those rows."""
@@ -441,7 +451,9 @@ class ResultStore:
             raise ValueError(f"unit {dict(unit)}: rows {list(new.index[repeated])} are identical; the rows of a "
                              "unit must differ in some column")
         with file_lock(self._lock_path):
-            old = self._whole_rows(self._rows(), "dropped, to be recomputed")
+            if self._append(unit_id, new):
+                return
+            old = self._whole_rows(self._rows(locked=True), "dropped, to be recomputed")
             old = old[old["unit_id"] != unit_id]  # a unit is written whole, exactly once
             frames = [df for df in (old, new) if not df.empty]
             columns = list(dict.fromkeys(c for df in frames for c in df.columns))
@@ -454,6 +466,47 @@ class ResultStore:
                 raise ValueError(f"unit {dict(unit)}: cannot store rows that would read back damaged: "
                                  + "; ".join(f"line {line} {reason}" for line, reason in damaged.items()))
             _atomic_write_text(self.csv_path, text)
+
+    def _append(self, unit_id: str, new: pd.DataFrame) -> bool:
+        """Append a unit's rows to ``results.csv`` (the caller holds the lock) in one write, reading none of the
+        stored rows, where that stores what the rewrite of :meth:`save_unit` would: the file ends with a whole
+        line, its header names every column of the rows, it holds no row of this unit, and the rows read back
+        whole, with numbers in every column the last full read found numeric. False otherwise (the caller
+        rewrites the file). The rewrite parses and writes the whole file, so its cost grows with the file; under
+        the lock it serialises every process that shares the store."""
+        if self._numeric is None:
+            self._rows(locked=True)
+        try:
+            stored = self.csv_path.read_bytes()
+        except FileNotFoundError:
+            return False
+        if not stored.endswith(b"\n") or unit_id.encode() in stored:
+            return False
+        header_line = stored[:stored.index(b"\n") + 1].decode()
+        header = next(csv.reader([header_line]))
+        if not set(new.columns) <= set(header):
+            return False
+        text = new.reindex(columns=header).to_csv(index=False, header=False)
+        if _parse_rows(self.csv_path, header_line + text).damaged:
+            return False
+        records = list(csv.reader(io.StringIO(text)))
+        for column in (self._numeric or frozenset()) & set(header):  # as _text_among_numbers reads the whole file
+            cells = pd.Series([record[header.index(column)] for record in records], dtype=object).replace("", pd.NA)
+            if pd.to_numeric(cells.dropna(), errors="coerce").isna().any():
+                return False
+        fd = os.open(self.csv_path, os.O_WRONLY | os.O_APPEND)
+        size = os.fstat(fd).st_size
+        try:
+            payload = memoryview(text.encode())
+            while payload:
+                payload = payload[os.write(fd, payload):]
+            os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, size)  # no part of the unit stays behind
+            raise
+        finally:
+            os.close(fd)
+        return True
 
     def missing_units(self, units: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         """The units of ``units`` not stored yet (of this store's shard, when it has one), in order: what

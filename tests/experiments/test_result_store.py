@@ -3,6 +3,8 @@ runs of one second get their own Hydra folders, and a resumed store reads each c
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 from pathlib import Path
 
@@ -36,11 +38,12 @@ def test_store_parses_results_again_only_when_the_file_changes(tmp_path: Path, m
 
 
 def test_stored_floats_survive_the_rewrites_of_later_units(tmp_path: Path) -> None:
-    """Each save re-reads and rewrites the file: a float the default pandas parser reads one ulp off
-    (54.362499146542284) must keep its text and value through later saves."""
+    """A float the default pandas parser reads one ulp off (54.362499146542284) keeps its text and value through
+    later saves, appended or rewritten (a new column forces the rewrite)."""
     store = ResultStore(tmp_path, "toy", CONFIG)
     store.save_unit({"bits": 1}, [{"value": 54.362499146542284}])
     store.save_unit({"bits": 2}, [{"value": 2.0}])
+    store.save_unit({"bits": 3}, [{"value": 3.0, "new_column": 1}])
     assert "54.362499146542284" in (tmp_path / "toy" / "results.csv").read_text()
     assert store.frame()["value"].iloc[0] == 54.362499146542284
 
@@ -93,7 +96,7 @@ def _save_units(directory: str, worker: int, count: int) -> None:
 
 def test_processes_sharing_a_store_keep_every_unit(tmp_path: Path) -> None:
     """The H200 runs start several processes on one store (scripts/h200_llm.sh parallel): its file lock makes
-    each read-merge-write whole, so no process overwrites units another stored meanwhile."""
+    each append (or read-merge-write) whole, so no process loses or overwrites units another stored meanwhile."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
@@ -106,6 +109,52 @@ def test_processes_sharing_a_store_keep_every_unit(tmp_path: Path) -> None:
     frame = ResultStore(tmp_path, "shared", {"seed": 0}).frame()
     assert len(frame) == 45 and frame["unit_id"].is_unique
     assert sorted(frame.groupby("worker").size()) == [15, 15, 15]
+
+
+def _longbench_like_rows(i: int) -> list[dict]:
+    """Rows of the shapes the LLM experiments store: text with commas, quotes and line breaks, ints, floats, bools,
+    a field some rows lack."""
+    return [{"prediction": f'line one, "{i}"\nline two', "score": i / 7, "new_tokens": i, "truncated": i % 2 == 0,
+             **({"seed": 0} if i % 3 else {}), "metric": metric} for metric in ("f1", "rouge")]
+
+
+def test_a_unit_is_appended_as_the_rewrite_would_store_it_without_reading_the_stored_rows(tmp_path: Path,
+                                                                                           monkeypatch) -> None:
+    """With many processes on one store, a save that parses and rewrites the whole file (under the lock) is what
+    bounds the run; an append writes the same text and parses only the new rows."""
+    import experiments.io as store_module
+
+    appended, rewritten = (ResultStore(tmp_path / name, "toy", CONFIG) for name in ("appended", "rewritten"))
+    monkeypatch.setattr(rewritten, "_append", lambda unit_id, new: False)
+    for i in range(6):
+        for store in (appended, rewritten):
+            store.save_unit({"sample": i}, _longbench_like_rows(i))
+    assert appended.csv_path.read_bytes() == rewritten.csv_path.read_bytes()
+    parsed = []
+    parse_rows = store_module._parse_rows
+    monkeypatch.setattr(store_module, "_parse_rows", lambda path, text: parsed.append(text) or parse_rows(path, text))
+    appended.save_unit({"sample": 6}, _longbench_like_rows(6))
+    rewritten.save_unit({"sample": 6}, _longbench_like_rows(6))
+    assert appended.csv_path.read_bytes() == rewritten.csv_path.read_bytes()
+    records = [len(list(csv.reader(io.StringIO(text)))) for text in parsed]
+    assert records[0] == 3 and records[-1] == 15  # the append: header and its 2 rows; the rewrite: all 14
+    assert len(appended.frame()) == 14 and appended.is_done({"sample": 6})
+
+
+def test_an_append_cut_short_leaves_no_row(tmp_path: Path, monkeypatch) -> None:
+    store = ResultStore(tmp_path, "toy", CONFIG)
+    store.save_unit({"sample": 0}, _longbench_like_rows(0))
+    before = store.csv_path.read_bytes()
+    write = os.write
+
+    def fail_halfway(fd, data):
+        write(fd, bytes(data)[:len(data) // 2])
+        raise OSError("no space left on device")
+    monkeypatch.setattr(os, "write", fail_halfway)
+    with pytest.raises(OSError, match="no space"):
+        store.save_unit({"sample": 1}, _longbench_like_rows(1))
+    monkeypatch.undo()
+    assert store.csv_path.read_bytes() == before and not store.is_done({"sample": 1})
 
 
 def test_shards_divide_the_missing_units_and_each_reads_every_row(tmp_path: Path) -> None:
