@@ -122,7 +122,8 @@ def parts(model: str) -> None:
     last = made[-1].stat().st_size
     rides = last <= last_max  # the last part fits beside the restored tree: it travels with the call that runs
     print(f"{len(made)} parts of {path.name} ({total / 2**20:.1f} MiB, sha256 {sha256[:12]}), {size / 2**20:.1f} MiB "
-          f"each beside the {now / 2**20:.1f} MiB tree. One call per part, back to back (the machine goes back after "
+          f"each beside the {now / 2**20:.1f} MiB tree. First part 00 alone (a probe: a failed start costs each call "
+          f"queued behind it), then one call per part from 00 again, back to back (the machine goes back after "
           f"30 s idle), each carrying only its part: `mkdir -p /tmp/model && mv .ferry/{prefix}.partNN /tmp/model/`; "
           + (f"then `python scripts/ferry.py restore` and the last part ({last / 2**20:.1f} MiB, beside the restored "
              f"{full / 2**20:.1f} MiB) with `bash scripts/h200_llm.sh setup`." if rides else
