@@ -40,7 +40,11 @@ MODEL="model=$model model.packaged_gguf=null +model.pretrained=/tmp/model +model
 RESULTS="paths.results_dir=/tmp/tq_results paths.figures_dir=/tmp/tq_results/figures hydra.run.dir=/tmp/tq_hydra/${stage}_${model}_$$"
 log="/tmp/tq_logs/${stage}_${model}_$$.txt"
 run() { timeout --signal=INT "$budget" "${PY:-python3}" run.py "$@" $RESULTS "${extra[@]}" > "$log" 2>&1; echo "$stage $model ${extra[*]}: exit $?" | tee -a /tmp/tq_logs/exits.txt; tail -3 "$log"; }
-pack() { mkdir -p /tmp/tq_results; tar -czf "$OUT/results.tgz.tmp" -C /tmp tq_results tq_logs $(cd /tmp && ls -d tqcache/ruler_samples 2>/dev/null) && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"
+# pack: each store's results.csv copied under the store's lock (processes append to it), then everything packed
+pack() { mkdir -p /tmp/tq_results; rm -rf /tmp/tq_pack; mkdir -p /tmp/tq_pack/tq_results
+         for d in /tmp/tq_results/*/; do n=$(basename "$d"); cp -r "$d" /tmp/tq_pack/tq_results/
+           [ -f "$d/results.csv" ] && flock "$d/.lock" cp "$d/results.csv" "/tmp/tq_pack/tq_results/$n/results.csv"; done
+         tar -czf "$OUT/results.tgz.tmp" -C /tmp/tq_pack tq_results -C /tmp tq_logs $(cd /tmp && ls -d tqcache/ruler_samples 2>/dev/null) && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"
          nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv > "$OUT/gpu.txt"; }
 NEEDLE_METHODS=("~experiment.methods.turboquant_3p5" "~experiment.methods.turboquant_2p5" "~experiment.methods.kivi_2bit"
   "+experiment.methods.turboquant_4bit_nc.seeds=[0]" "+experiment.methods.turboquant_3p5_prod.seeds=[0]"
