@@ -113,3 +113,20 @@ def test_slurm_cluster_launcher_composes_onto_submitit() -> None:
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert launcher.partition == "gpu" and launcher.max_num_timeout > 0 and launcher.gpus_per_node == 1
+
+
+@pytest.mark.parametrize("name", ["needle", "ruler", "longbench", "kv_ablation"])
+def test_every_method_fits_its_budget_at_the_smoke_context(name: str) -> None:
+    """`make smoke` runs every configured method at the smoke context: a method given a memory budget must have a
+    setting that fits it there (at 512 tokens KIVI's 128-token fp16 window alone is 25%, and the run failed)."""
+    from tests.kvcache.tiny_llama import tiny_llama_config
+    from turboquant.kvcache import build_cache
+
+    cfg = compose_config([f"experiment={name}", "scale=smoke"])
+    sizes = cfg.experiment.sizes.smoke
+    context = min(sizes.get("contexts") or sizes.get("context_tokens"))
+    budgeted = {key: method for key, method in cfg.experiment.methods.items()
+                if method.get("options") and "memory_ratio" in method.options}
+    for key, method in budgeted.items():
+        build_cache(method.cache, tiny_llama_config(), context_length=context, max_new_tokens=32,
+                    **OmegaConf.to_container(method.options, resolve=True))
