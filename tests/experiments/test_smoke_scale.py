@@ -76,7 +76,7 @@ def test_needle_smoke(tmp_path: Path) -> None:
     seeds = len(cfg.experiment.method_seeds)
     randomized = sum("seed" in method.options for method in cfg.experiment.methods.values())
     assert frame["unit_id"].nunique() == len(cfg.experiment.methods) + (seeds - 1) * randomized
-    assert set(frame["context"]) == {512}
+    assert set(frame["context"]) == set(cfg.experiment.sizes.smoke.contexts)
 
 
 def test_longbench_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
