@@ -401,12 +401,22 @@ def _reproduced_values(run: ExperimentRun, known_ids: set[str], cell_keys: Seque
     return out
 
 
+#: scales (``configs/scale/``) from the paper's protocol down to the code path: a run nearer the paper's sizes is
+#: better evidence for its number than a more recent run at smaller sizes (e.g. the needle at 4K-32K on a GPU over
+#: SmolLM2 at 1K-2K on a CPU); a scale not named here ranks after these
+SCALE_ORDER = ("paper", "gpu", "quick", "smoke")
+
+
+def _scale_rank(run: ExperimentRun) -> int:
+    return SCALE_ORDER.index(run.scale) if run.scale in SCALE_ORDER else len(SCALE_ORDER)
+
+
 def _best_evidence_first(values: Sequence[Reproduced]) -> tuple[Reproduced, ...]:
-    """Full runs first, then rank-0 values, then the most recently updated, then by run label (stable sorts,
-    last key first)."""
+    """Full runs first, then rank-0 values, then the scale nearest the paper's (:data:`SCALE_ORDER`), then the
+    most recently updated, then by run label (stable sorts, last key first)."""
     ordered = sorted(values, key=lambda r: r.run.label)
     ordered = sorted(ordered, key=lambda r: r.run.updated, reverse=True)
-    return tuple(sorted(ordered, key=lambda r: (bool(r.partial), r.rank)))
+    return tuple(sorted(ordered, key=lambda r: (bool(r.partial), r.rank, _scale_rank(r.run))))
 
 
 def compare(numbers: PaperNumbers, runs: Sequence[ExperimentRun]) -> list[Comparison]:

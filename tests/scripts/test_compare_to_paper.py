@@ -176,6 +176,18 @@ def test_a_stand_in_setting_ranks_after_any_full_run_of_the_papers_setting() -> 
     assert [r.value for r in _best_evidence_first([cpu, gpu_partial, gpu])] == [0.002, 4.5, 0.003]
 
 
+def test_a_run_nearer_the_papers_scale_ranks_before_a_more_recent_smaller_one() -> None:
+    """A needle grid on a GPU (scale=gpu) outranks a later CPU run at scale=quick; a partial run stays last."""
+    def measured(value: float, updated: str, scale: str, partial: str = "") -> Reproduced:
+        config = {"scale": {"name": scale}}
+        run = ExperimentRun("needle", f"src{value}", "c", None, config, {}, GridCoverage(), updated)  # type: ignore[arg-type]
+        return Reproduced(value, run, partial=partial)
+
+    quick, gpu = measured(0.9, "2026-12-06", "quick"), measured(0.6, "2026-12-01", "gpu")
+    paper_partial, smoke = measured(0.5, "2026-12-07", "paper", "contexts: 1 of 8"), measured(0.1, "2026-12-08", "smoke")
+    assert [r.value for r in _best_evidence_first([smoke, quick, paper_partial, gpu])] == [0.6, 0.9, 0.1, 0.5]
+
+
 def _edited(tmp_path: Path, edit) -> Path:
     raw = yaml.safe_load(PAPER_NUMBERS.read_text())
     edit(raw)
