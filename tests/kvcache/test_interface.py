@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from tests.kvcache.tiny_llama import next_token_logits, relative_error
-from turboquant.kvcache import attach, available_methods, build_cache
+from turboquant.kvcache import ModelShape, attach, available_methods, build_cache
 
 EVERY_METHOD = [
     ("full", {}),
@@ -179,3 +179,32 @@ def test_evicted_cache_keeps_true_positions(tiny_model, tiny_config, prompt_ids)
     assert positions[-1] == [299]
     no_drop = next_token_logits(tiny_model, prompt_ids, build_cache("snapkv", tiny_config, budget=400))
     torch.testing.assert_close(no_drop, next_token_logits(tiny_model, prompt_ids, build_cache("full", tiny_config)))
+
+
+@pytest.mark.parametrize("method, options", [
+    ("turboquant", {"bits": 3.5, "residual_length": 32, "sink_tokens": 4}),
+    ("kivi", {"bits": 2, "residual_length": 64}),
+    ("polarquant", {"residual_length": 16}),
+])
+def test_a_decode_step_copies_the_stored_tokens_once(method, options, monkeypatch):
+    """A stream cache stores its tokens in pieces (sink, decoded quantized part, window); ``update`` returns
+    ``[pieces ; new token]`` joined by one ``torch.cat`` per tensor, equal to reading the store and appending."""
+    shape = ModelShape(num_layers=1, num_kv_heads=2, head_dim=64)
+    layer = build_cache(method, shape, **options).layers[0]
+    x = torch.randn(1, 2, 150, 64, generator=torch.Generator().manual_seed(0))
+    layer.update(x[:, :, :149], x[:, :, :149].flip(-1), 0)
+    past_keys, past_values = layer._read()
+    cat, joins = torch.cat, []
+
+    def counting_cat(tensors, *args, **kwargs):
+        joined = cat(tensors, *args, **kwargs)
+        joins.append(joined.shape[-2])
+        return joined
+
+    monkeypatch.setattr(torch, "cat", counting_cat)
+    keys, values = layer.update(x[:, :, 149:], x[:, :, 149:].flip(-1), 0)
+    monkeypatch.setattr(torch, "cat", cat)
+    # copies of the whole store (the window's own append copies only the window): one for keys, one for values
+    assert [n for n in joins if n >= 149] == [150, 150]
+    torch.testing.assert_close(keys, cat([past_keys, x[:, :, 149:]], dim=-2))
+    torch.testing.assert_close(values, cat([past_values, x[:, :, 149:].flip(-1)], dim=-2))

@@ -296,12 +296,12 @@ class CompressedLayer(CacheLayerMixin):
         self.check_states(key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        past_keys, past_values = self._read() if self.stored_tokens() > 0 else (None, None)
+        past_keys, past_values = self._read_parts() if self.stored_tokens() > 0 else ([], [])
         self._write(key_states, value_states)
         self.seen_tokens += key_states.shape[-2]
-        if past_keys is None:
+        if not past_keys:
             return key_states, value_states
-        return torch.cat([past_keys, key_states], dim=-2), torch.cat([past_values, value_states], dim=-2)
+        return torch.cat([*past_keys, key_states], dim=-2), torch.cat([*past_values, value_states], dim=-2)
 
     def get_seq_length(self) -> int:
         """Number of tokens seen (drives position ids); eviction layers store fewer, see ``stored_tokens``."""
@@ -371,6 +371,13 @@ class CompressedLayer(CacheLayerMixin):
     @abstractmethod
     def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoded stored keys and values, ``(batch, kv_heads, stored_tokens, head_dim)``, compute dtype."""
+
+    def _read_parts(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """``_read`` as consecutive pieces along the token axis, which ``update`` joins with the new tokens in one
+        copy; a layer that stores its tokens in several pieces returns them unjoined (one copy of the whole store
+        per step saved)."""
+        keys, values = self._read()
+        return [keys], [values]
 
     @abstractmethod
     def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:

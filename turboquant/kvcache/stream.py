@@ -199,13 +199,20 @@ class QuantizedStream:
             counts = {buffer.resync() for buffer in self.field_buffers.values()}  # the fields advance together
             self.quantized_tokens = counts.pop()
 
-    def read(self) -> torch.Tensor:
-        """All stored tokens, decoded, oldest first, in the compute dtype."""
+    def read_parts(self) -> list[torch.Tensor]:
+        """The stored tokens, decoded, in the compute dtype, as consecutive pieces along the token axis (16-bit sink,
+        decoded quantized tokens, 16-bit window; empty pieces left out), so that a caller appending new tokens joins
+        everything in one copy instead of two."""
         parts = [self.sink.to(self.compute_dtype)] if self.sink_tokens else []
         if self.quantized_tokens:
             parts.append(self.workspace if self.keep_workspace else self.decode_fn(self.encoder, self.fields).to(self.compute_dtype))
         if self.residual_tokens:
             parts.append(self.residual.to(self.compute_dtype))
+        return parts
+
+    def read(self) -> torch.Tensor:
+        """All stored tokens, decoded, oldest first, in the compute dtype."""
+        parts = self.read_parts()
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
     def packed_nbytes(self) -> int:
@@ -235,6 +242,9 @@ class StreamLayer(CompressedLayer):
 
     def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.key_stream.read(), self.value_stream.read()
+
+    def _read_parts(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return self.key_stream.read_parts(), self.value_stream.read_parts()
 
     def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.key_stream.append(key_states)
