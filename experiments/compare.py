@@ -277,7 +277,8 @@ def load_runs(results_dir: str | Path) -> list[ExperimentRun]:
     for csv_path in sorted(Path(results_dir).glob("*/results.csv")):
         directory = csv_path.parent
         try:
-            frame = pd.read_csv(csv_path, low_memory=False, dtype={c: str for c in _ID_COLUMNS})
+            frame = pd.read_csv(csv_path, low_memory=False, dtype={c: str for c in _ID_COLUMNS},
+                                float_precision="round_trip")  # the store's parser (see experiments.io._number)
         except (pd.errors.ParserError, UnicodeDecodeError) as err:
             raise ValueError(f"{csv_path}: not a readable results CSV ({err})") from err
         if "config_id" not in frame or "experiment" not in frame:

@@ -48,6 +48,7 @@ import datetime as _dt
 import hashlib
 import io
 import json
+import math
 import os
 import tempfile
 import warnings
@@ -210,10 +211,29 @@ class _Rows:
     damaged_units: frozenset[str]  # unit ids with at least one damaged row (never done)
 
 
+def _number(cell: str) -> float:
+    """A cell as a float, NaN where it is not a number (as ``pd.to_numeric(errors="coerce")``, which pandas 2.3
+    cannot be trusted with: a hex digest such as ``"204e75509838377d..."``, digits, an ``e`` and a long run of digits,
+    crashes its parser with a segmentation fault). A finite-looking literal whose value overflows is not a number;
+    ``inf`` and ``nan`` written out are."""
+    try:
+        value = float(cell)
+    except (TypeError, ValueError):
+        return math.nan
+    if math.isinf(value) and cell.strip().lstrip("+-").lower() not in ("inf", "infinity"):
+        return math.nan
+    return value
+
+
+def _numbers(cells: pd.Series) -> pd.Series:
+    """:func:`_number` of every cell (float64, same index)."""
+    return pd.Series([_number(cell) for cell in cells], index=cells.index, dtype=np.float64)
+
+
 def _text_among_numbers(column: pd.Series) -> np.ndarray:
     """True for the cells of a column that do not parse as numbers although at least half of its cells do."""
     cells = column.dropna()
-    numbers = pd.to_numeric(cells, errors="coerce")
+    numbers = _numbers(cells)
     text = cells.index[numbers.isna()] if numbers.notna().sum() * 2 >= len(cells) else []
     return column.index.isin(text)
 
@@ -492,7 +512,7 @@ class ResultStore:
         records = list(csv.reader(io.StringIO(text)))
         for column in (self._numeric or frozenset()) & set(header):  # as _text_among_numbers reads the whole file
             cells = pd.Series([record[header.index(column)] for record in records], dtype=object).replace("", pd.NA)
-            if pd.to_numeric(cells.dropna(), errors="coerce").isna().any():
+            if _numbers(cells.dropna()).isna().any():
                 return False
         fd = os.open(self.csv_path, os.O_WRONLY | os.O_APPEND)
         size = os.fstat(fd).st_size

@@ -38,8 +38,13 @@ def _pad_to_groups(x: torch.Tensor, length: int) -> torch.Tensor:
     return padded
 
 
-def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack integer codes (…, n) with values in [0, 2^b) into uint8 (…, ⌈n·b/8⌉)."""
+def pack_codes(codes: torch.Tensor, bits: int, *, check_range: bool = True) -> torch.Tensor:
+    """Pack integer codes (…, n) with values in [0, 2^b) into uint8 (…, ⌈n·b/8⌉).
+
+    ``check_range`` raises on a code outside [0, 2^b); it reads the codes' min and max back to the host, a device
+    synchronisation on a GPU. Encoders whose codes lie in range by construction (``bucketize`` over 2^b - 1
+    boundaries, sign bits, clamped levels) pass ``check_range=False``: a KV cache packs codes at every decode step,
+    where one synchronisation per layer costs more than the step's arithmetic on a shared GPU."""
     bits = _check_bits(bits)
     if not isinstance(codes, torch.Tensor):
         raise ValueError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
@@ -48,7 +53,7 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if codes.ndim == 0:
         raise ValueError("codes must have at least one dimension")
     n = codes.shape[-1]
-    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 1 << bits):
+    if check_range and codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 1 << bits):
         raise ValueError(f"codes must lie in [0, {1 << bits}) for {bits}-bit packing")
     groups = (n + 7) // 8
     codes = _pad_to_groups(codes, groups * 8)

@@ -378,7 +378,7 @@ class TurboQuantMSE(_VectorQuantizer):
         unit, norms = self._split_norms(rows)
         codes = torch.empty(unit.shape[0], packed_size(self.dim, self.bits), dtype=torch.uint8, device=self.device)
         for part in self._chunks(unit.shape[0]):
-            codes[part] = pack_codes(self.encode_unit(unit[part]), self.bits)
+            codes[part] = pack_codes(self.encode_unit(unit[part]), self.bits, check_range=False)
         return {"codes": codes, "norms": norms}
 
     def unpack(self, q: QuantizedVectors) -> torch.Tensor:
@@ -422,7 +422,7 @@ class QJL(_VectorQuantizer):
 
     def sign_bits(self, vectors: torch.Tensor) -> torch.Tensor:
         """Packed bits of sign(S v) for v (n, d): bit 1 for ≥ 0 (+1), bit 0 for −1."""
-        return pack_codes((vectors @ self.matrix.T >= 0).to(torch.uint8), 1)
+        return pack_codes((vectors @ self.matrix.T >= 0).to(torch.uint8), 1, check_range=False)
 
     def signs(self, packed: torch.Tensor) -> torch.Tensor:
         """±1 float32 (n, d) from packed sign bits: the QJL stage's two-entry codebook (:meth:`score_stages`)."""
@@ -520,7 +520,7 @@ class TurboQuantProd(_VectorQuantizer):
             residual = unit[part]
             if self.mse:
                 indices = self.mse.encode_unit(residual)
-                codes[part] = pack_codes(indices, self.mse_bits)
+                codes[part] = pack_codes(indices, self.mse_bits, check_range=False)
                 residual = residual - self.mse.decode_unit(indices)
             residual_norms[part] = torch.linalg.vector_norm(residual, dim=-1)
             signs[part] = self.qjl.sign_bits(residual)

@@ -48,6 +48,22 @@ def test_stored_floats_survive_the_rewrites_of_later_units(tmp_path: Path) -> No
     assert store.frame()["value"].iloc[0] == 54.362499146542284
 
 
+def test_a_digest_that_looks_like_an_exponent_is_stored_and_read_as_text(tmp_path: Path) -> None:
+    """pandas 2.3's default number parser crashes the process (a segmentation fault) on a cell of digits, ``e`` and
+    a long run of digits, the start of some sha256 digests (RULER's ``input_sha256``); the store and the
+    comparison's reader parse such cells as text, and a numeric column keeps its numbers."""
+    from experiments.compare import load_runs
+
+    digest = "204e75509838377d52dd7d6bceb27e02648b42e5b7ddd81ce11b6e5beec073e9"
+    store = ResultStore(tmp_path, "toy", CONFIG)
+    store.save_unit({"bits": 1}, [{"value": 1.0, "input_sha256": digest}])
+    store.save_unit({"bits": 2}, [{"value": 2.0, "input_sha256": "204e75509838377"}])  # appended
+    frame = store.frame()
+    assert list(frame["input_sha256"]) == [digest, "204e75509838377"] and list(frame["value"]) == [1.0, 2.0]
+    (run_,) = load_runs(tmp_path)
+    assert list(run_.frame["input_sha256"]) == [digest, "204e75509838377"]
+
+
 def test_run_units_computes_only_the_missing_units_and_prepares_once(tmp_path: Path) -> None:
     config = {"experiment": {"name": "loop"}, "seed": 0}
     store = ResultStore(tmp_path, "loop", config)

@@ -208,3 +208,37 @@ def test_a_decode_step_copies_the_stored_tokens_once(method, options, monkeypatc
     assert [n for n in joins if n >= 149] == [150, 150]
     torch.testing.assert_close(keys, cat([past_keys, x[:, :, 149:]], dim=-2))
     torch.testing.assert_close(values, cat([past_values, x[:, :, 149:].flip(-1)], dim=-2))
+
+
+HOST_READS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist")
+
+
+@pytest.mark.parametrize("method, options, allowed", [
+    ("kivi", {"bits": 3, "residual_length": 32}, set()),  # values slide: one token quantized and packed per step
+    ("polarquant", {"residual_length": 0}, set()),
+    # the torch reference encoder's norm-range branch and the extreme-row check, one each per quantizer call
+    ("turboquant", {"bits": 3.5, "residual_length": 0}, {"unit_vectors", "_redo_extreme_rows"}),
+])
+def test_a_decode_step_reads_back_only_the_named_checks(method, options, allowed, monkeypatch):
+    """A decode step that quantizes and packs a token reads no tensor value back to the host (on a GPU each read
+    is a synchronisation, which costs milliseconds when processes share the device) except the checks named;
+    in particular codes quantized in range by construction are packed without the range check."""
+    import sys
+
+    shape = ModelShape(num_layers=1, num_kv_heads=2, head_dim=64)
+    layer = build_cache(method, shape, **options).layers[0]
+    x = torch.randn(1, 2, 80, 64, generator=torch.Generator().manual_seed(0))
+    layer.update(x[:, :, :79], x[:, :, :79].flip(-1), 0)
+    stored = layer.nbytes()
+    readers: list[str] = []
+    for name in HOST_READS:
+        method_ = getattr(torch.Tensor, name)
+
+        def counting(self, *args, _method=method_, **kwargs):
+            readers.append(sys._getframe(1).f_code.co_name)
+            return _method(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    layer.update(x[:, :, 79:], x[:, :, 79:].flip(-1), 0)
+    monkeypatch.undo()
+    assert layer.nbytes() > stored  # the step quantized and stored its token
+    assert set(readers) <= allowed, readers

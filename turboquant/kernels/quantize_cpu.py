@@ -424,6 +424,6 @@ def quantize_prod_cpu(x: torch.Tensor, rotation: Rotation, boundaries: torch.Ten
             rotated, norms[part] = _rotated_unit_rows(rows[part], rotation, hadamard)
             bucketize_pack(rotated.numpy(), *cells, mse_bits, codes[part], centroid_values, True)
             residual_norms[part] = torch.linalg.vector_norm(rotated, dim=-1)
-            signs[part] = pack_codes((rotated @ sketch.T >= 0).to(torch.uint8), 1)
+            signs[part] = pack_codes((rotated @ sketch.T >= 0).to(torch.uint8), 1, check_range=False)
     return (torch.from_numpy(codes).reshape(*lead, codes.shape[1]), signs.reshape(*lead, signs.shape[1]),
             norms.reshape(lead), residual_norms.reshape(lead))

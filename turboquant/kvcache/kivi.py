@@ -76,7 +76,7 @@ class KIVIEncoder(Encoder):
     def encode(self, x: torch.Tensor) -> Fields:
         shape, axis = self._groups(*x.shape[:3])
         codes, scale, zero = asymmetric_quantize(x.reshape(shape), self.bits, dim=axis)
-        packed = tq.pack_codes(codes.reshape(x.shape), self.bits)
+        packed = tq.pack_codes(codes.reshape(x.shape), self.bits, check_range=False)  # clamped to [0, 2^b)
         return {"codes": packed, "scale": scale.squeeze(axis), "zero": zero.squeeze(axis)}
 
     def decode(self, fields: Fields) -> torch.Tensor:

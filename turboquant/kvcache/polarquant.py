@@ -125,7 +125,7 @@ class PolarEncoder(Encoder):
             if level == 1:
                 angles = torch.remainder(angles, 2 * math.pi)
             codes = torch.bucketize(angles.contiguous(), boundaries).to(torch.uint8)
-            fields[f"angles{level}"] = tq.pack_codes(codes.reshape(batch, heads, tokens, -1), bits)
+            fields[f"angles{level}"] = tq.pack_codes(codes.reshape(batch, heads, tokens, -1), bits, check_range=False)
             radii = torch.hypot(first, second)
         fields["radius"] = radii.reshape(batch, heads, tokens, -1).to(torch.float16)
         return fields
