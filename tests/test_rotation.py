@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import turboquant as tq
-from turboquant.rotation import _sylvester_hadamard
+from turboquant.rotation import RandomizedHadamard, _sylvester_hadamard
 
 DIMS = [2, 3, 5, 64, 96, 100, 128, 257]
 
@@ -42,14 +42,14 @@ def test_same_rotation_on_gpu(kind):
 @pytest.mark.parametrize("p", [1, 2, 8, 64, 128, 4096])
 def test_fwht_matches_dense_hadamard(p):
     x = torch.randn(5, p, dtype=torch.float64)
-    dense = _sylvester_hadamard(p).double() / p ** 0.5
+    dense = _sylvester_hadamard(p, torch.device("cpu"), torch.float64) / p ** 0.5
     torch.testing.assert_close(tq.fast_walsh_hadamard(x), x @ dense.T, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(tq.fast_walsh_hadamard(tq.fast_walsh_hadamard(x)), x, atol=1e-12, rtol=1e-12)
 
 
 def test_power_of_two_hadamard_is_h_times_signs():
     rot = tq.RandomizedHadamard(64, seed=0)
-    dense = _sylvester_hadamard(64) / 8.0
+    dense = _sylvester_hadamard(64, torch.device("cpu"), torch.float32) / 8.0
     torch.testing.assert_close(rot.matrix(), dense * rot.signs[0], atol=1e-6, rtol=0)
 
 
@@ -89,3 +89,26 @@ def test_rotation_streams_are_independent_of_the_global_torch_stream():
     assert measured == pytest.approx(q.codebook.mse, rel=0.05)
     assert torch.equal(tq.HaarRotation(64, seed=0).matrix(), tq.HaarRotation(64, seed=0).matrix())
     assert not torch.allclose(tq.HaarRotation(64, seed=0).matrix(), tq.HaarRotation(64, seed=1).matrix())
+
+
+def test_the_hadamard_transform_copies_its_factors_to_a_device_once():
+    """A copy from host memory to a GPU makes the host wait for the GPU; the transform's ±1 factors are made once per
+    device and dtype, not copied at every call (a KV cache transforms each decode step's token). Checked on the meta
+    device, where a copy is visible as a ``Tensor.to`` from the CPU."""
+    rotation = RandomizedHadamard(128, seed=0, device="meta")
+    x = torch.empty(3, 128, device="meta")
+    rotation.apply(x)  # the first call may make them
+    copies = []
+    to = torch.Tensor.to
+
+    def recording_to(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if self.device.type == "cpu" and out.device.type != "cpu":
+            copies.append(tuple(self.shape))
+        return out
+    torch.Tensor.to = recording_to
+    try:
+        rotation.apply(x), rotation.inverse(x), rotation.matrix()
+    finally:
+        torch.Tensor.to = to
+    assert copies == []

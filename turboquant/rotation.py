@@ -111,12 +111,15 @@ _HADAMARD_FACTOR = 64  # largest dense Hadamard block used by the Kronecker fact
 
 
 @functools.lru_cache(maxsize=None)
-def _sylvester_hadamard(size: int) -> torch.Tensor:
-    """The unnormalised ±1 Sylvester-Hadamard matrix H_size (size a power of two), float32 on the CPU."""
-    h = torch.ones(1, 1)
-    while h.shape[0] < size:
-        h = torch.cat((torch.cat((h, h), dim=1), torch.cat((h, -h), dim=1)), dim=0)
-    return h
+def _sylvester_hadamard(size: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The unnormalised ±1 Sylvester-Hadamard matrix H_size (size a power of two), made once per device and dtype:
+    a copy from host memory at every transform would make each call wait for the GPU (a KV cache transforms every
+    decode step's token)."""
+    with torch.inference_mode(False):  # a plain tensor even when first made under inference mode
+        h = torch.ones(1, 1)
+        while h.shape[0] < size:
+            h = torch.cat((torch.cat((h, h), dim=1), torch.cat((h, -h), dim=1)), dim=0)
+        return h.to(device=device, dtype=dtype)
 
 
 def fast_walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
@@ -138,7 +141,7 @@ def fast_walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
     lead = x.shape[:-1]
     y = x.reshape(-1, *factors) if factors else x.reshape(-1, 1)
     for axis, size in enumerate(factors, start=1):
-        h = _sylvester_hadamard(size).to(device=y.device, dtype=y.dtype)
+        h = _sylvester_hadamard(size, y.device, y.dtype)
         y = (y.movedim(axis, -1) @ h).movedim(-1, axis)
     return (y.reshape(*lead, p) * (1.0 / math.sqrt(p)))
 
