@@ -91,7 +91,7 @@ def test_rotation_streams_are_independent_of_the_global_torch_stream():
     assert not torch.allclose(tq.HaarRotation(64, seed=0).matrix(), tq.HaarRotation(64, seed=1).matrix())
 
 
-def test_the_hadamard_transform_copies_its_factors_to_a_device_once():
+def test_the_hadamard_transform_copies_its_factors_to_a_device_once(monkeypatch):
     """A copy from host memory to a GPU makes the host wait for the GPU; the transform's ±1 factors are made once per
     device and dtype, not copied at every call (a KV cache transforms each decode step's token). Checked on the meta
     device, where a copy is visible as a ``Tensor.to`` from the CPU."""
@@ -106,9 +106,7 @@ def test_the_hadamard_transform_copies_its_factors_to_a_device_once():
         if self.device.type == "cpu" and out.device.type != "cpu":
             copies.append(tuple(self.shape))
         return out
-    torch.Tensor.to = recording_to
-    try:
-        rotation.apply(x), rotation.inverse(x), rotation.matrix()
-    finally:
-        torch.Tensor.to = to
+    monkeypatch.setattr(torch.Tensor, "to", recording_to)
+    rotation.apply(x), rotation.inverse(x), rotation.matrix()
+    monkeypatch.undo()
     assert copies == []

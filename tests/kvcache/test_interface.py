@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -223,8 +224,6 @@ def test_a_decode_step_reads_back_only_the_named_checks(method, options, allowed
     """A decode step that quantizes and packs a token reads no tensor value back to the host (on a GPU each read
     is a synchronisation, which costs milliseconds when processes share the device) except the checks named;
     in particular codes quantized in range by construction are packed without the range check."""
-    import sys
-
     shape = ModelShape(num_layers=1, num_kv_heads=2, head_dim=64)
     layer = build_cache(method, shape, **options).layers[0]
     x = torch.randn(1, 2, 80, 64, generator=torch.Generator().manual_seed(0))
