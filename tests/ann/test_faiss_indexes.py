@@ -47,6 +47,18 @@ def test_pq_is_lut256_with_padding():
         make_index("pq", 64, 3)
 
 
+def test_pq_recommends_the_rows_faiss_kmeans_asks_for(capfd):
+    rows = np.random.default_rng(0).standard_normal((39 * 256, 8)).astype(np.float32)
+    pq = make_index("pq", 8, 4)
+    assert pq.recommended_training_rows == 39 * 256  # 39 points per codeword, 256 codewords
+    assert make_index("pq_fastscan", 8, 4).recommended_training_rows == 39 * 16
+    assert {make_index(m, 8, 4).recommended_training_rows for m in ("rabitq", "turboquant_mse")} == {1}
+    pq.train(rows)
+    assert "WARNING clustering" not in capfd.readouterr().err
+    make_index("pq", 8, 4).train(rows[:-1])  # one row fewer: faiss warns (once per sub-quantizer)
+    assert "please provide at least 9984 training points" in capfd.readouterr().err
+
+
 def test_rabitq_uses_extended_bits_and_float_queries():
     index = make_index("rabitq", 64, 4)
     assert index.faiss_index.rabitq.nb_bits == 4 and index.faiss_index.qb == 0

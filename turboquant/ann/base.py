@@ -151,6 +151,12 @@ class VectorIndex(abc.ABC):
         return 0
 
     @property
+    def recommended_training_rows(self) -> int:
+        """The fewest rows :meth:`train` learns from as designed (1 for data-oblivious methods). Fewer still
+        train, with fewer points per learned centroid."""
+        return 1
+
+    @property
     def bits_per_coordinate(self) -> float:
         """Storage actually spent per database coordinate, ``8·nbytes / (ntotal·dim)``."""
         if self.ntotal == 0:

@@ -167,6 +167,13 @@ class PQIndex(FaissIndex):
     def model_nbytes(self) -> int:
         return 4 * int(self._index.pq.centroids.size())
 
+    @property
+    def recommended_training_rows(self) -> int:
+        """faiss's k-means minimum, ``min_points_per_centroid`` (39) rows per codeword of a sub-quantizer; below
+        it faiss trains anyway and prints a warning per sub-quantizer."""
+        pq = self._index.pq
+        return int(pq.cp.min_points_per_centroid) * int(pq.ksub)
+
 
 class PQFastScanIndex(PQIndex):
     """Product quantization with 4-bit sub-quantizers scanned by faiss's SIMD fast-scan kernels.
