@@ -9,6 +9,8 @@
 # commit), pytest.txt, log.txt, kernels.md, results.csv and the run record (two folders deep at most).
 # NCU=1 adds ncu of one launch of each default kernel (benchmarks/ncu_quantize_decode.py: quantize at 4 / 3 / 2 bits,
 # prod, scores and decode at B=8/32K) as ncu_kernels.txt.
+# ONLY_ON=H200 stops at once (exit 3, before any test or install) where the GPU's name lacks that text: a call that
+# names the nvidia-h200 kind may be given an H100, whose timings the kernels have (sessions 21, 24, 28).
 set -uo pipefail
 set_name=${1:?kernels set (configs/kernels_set/NAME.yaml)}
 shift
@@ -18,6 +20,10 @@ tests=("$@")
                                  tests/kvcache/test_static_store.py::test_decode_step_replays_in_a_cuda_graph
                                  tests/kvcache/test_static_store.py::test_quantize_in_a_graph_records_extreme_rows)
 OUT=${OUT:?the device tool sets OUT}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+if [ -n "${ONLY_ON:-}" ] && [[ "$gpu" != *"$ONLY_ON"* ]]; then
+  echo "ONLY_ON=$ONLY_ON: this GPU is ${gpu:-unknown}; nothing run" >&2; exit 3
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheels missing: carry .whl/ (see this script's header)" >&2; exit 2; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
