@@ -1,11 +1,13 @@
 """The faiss baselines behind the shared interface: exact recall 1, recall trends, storage, persistence."""
 
+import warnings
+
 import numpy as np
 import pytest
 
 pytest.importorskip("faiss")
 
-from turboquant.ann import load_index, make_index, recall_at_1_at_k  # noqa: E402
+from turboquant.ann import TrainingSizeWarning, load_index, make_index, recall_at_1_at_k  # noqa: E402
 
 
 def _top1(base, queries):
@@ -47,16 +49,19 @@ def test_pq_is_lut256_with_padding():
         make_index("pq", 64, 3)
 
 
-def test_pq_recommends_the_rows_faiss_kmeans_asks_for(capfd):
-    rows = np.random.default_rng(0).standard_normal((39 * 256, 8)).astype(np.float32)
-    pq = make_index("pq", 8, 4)
-    assert pq.recommended_training_rows == 39 * 256  # 39 points per codeword, 256 codewords
-    assert make_index("pq_fastscan", 8, 4).recommended_training_rows == 39 * 16
-    assert {make_index(m, 8, 4).recommended_training_rows for m in ("rabitq", "turboquant_mse")} == {1}
-    pq.train(rows)
-    assert "WARNING clustering" not in capfd.readouterr().err
-    make_index("pq", 8, 4).train(rows[:-1])  # one row fewer: faiss warns (once per sub-quantizer)
-    assert "please provide at least 9984 training points" in capfd.readouterr().err
+def test_pq_training_short_of_faiss_kmeans_minimum_warns_once(capfd):
+    """faiss's k-means asks for 39 points per codeword and prints a line per sub-quantizer below that (d / 2 lines
+    at 4 bits); the index says it once, as a TrainingSizeWarning, and faiss says nothing."""
+    rows = np.random.default_rng(0).standard_normal((39 * 256, 64)).astype(np.float32)
+    assert make_index("pq", 64, 4).recommended_training_rows == 39 * 256
+    assert make_index("pq_fastscan", 64, 4).recommended_training_rows == 39 * 16
+    assert {make_index(m, 64, 4).recommended_training_rows for m in ("rabitq", "turboquant_mse")} == {1}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_index("pq", 64, 4).train(rows)
+    with pytest.warns(TrainingSizeWarning, match="pq: training on 9983 rows, fewer than the 9984") as caught:
+        make_index("pq", 64, 4).train(rows[:-1])
+    assert len(caught) == 1 and "WARNING clustering" not in capfd.readouterr().err
 
 
 def test_rabitq_uses_extended_bits_and_float_queries():

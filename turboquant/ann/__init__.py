@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from turboquant.ann.base import VectorIndex
+from turboquant.ann.base import TrainingSizeWarning, VectorIndex
 from turboquant.ann.index_file import IndexFileError, read_index_file
 from turboquant.ann.recall import powers_of_two_up_to, recall_at_1_at_k
 from turboquant.ann.turboquant_index import TurboQuantIndex
@@ -25,6 +25,7 @@ from turboquant.ann.turboquant_index import TurboQuantIndex
 __all__ = [
     "METHODS",
     "IndexFileError",
+    "TrainingSizeWarning",
     "TurboQuantIndex",
     "VectorIndex",
     "load_index",

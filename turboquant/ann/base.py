@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import json
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,7 +34,7 @@ import torch
 
 from turboquant.quantizers import all_finite
 
-__all__ = ["VectorIndex", "as_float_matrix", "as_float_tensor", "check_k"]
+__all__ = ["TrainingSizeWarning", "VectorIndex", "as_float_matrix", "as_float_tensor", "check_k"]
 
 
 def as_float_tensor(x: Any, dim: int, name: str) -> torch.Tensor:
@@ -102,6 +103,10 @@ def _like(array: np.ndarray, reference: Any) -> Any:
     return array
 
 
+class TrainingSizeWarning(UserWarning):
+    """:meth:`VectorIndex.train` was given fewer rows than the index's ``recommended_training_rows``."""
+
+
 class VectorIndex(abc.ABC):
     """Abstract maximum-inner-product index (see the module docstring for the contract).
 
@@ -152,8 +157,8 @@ class VectorIndex(abc.ABC):
 
     @property
     def recommended_training_rows(self) -> int:
-        """The fewest rows :meth:`train` learns from as designed (1 for data-oblivious methods). Fewer still
-        train, with fewer points per learned centroid."""
+        """The fewest rows :meth:`train` learns from as designed (1 for data-oblivious methods); fewer still
+        train, with a :class:`TrainingSizeWarning`."""
         return 1
 
     @property
@@ -170,8 +175,12 @@ class VectorIndex(abc.ABC):
 
     # ---------------------------------------------------------------- operations
     def train(self, x: Any) -> None:
-        """Learn from ``x`` (n, dim). Data-oblivious methods only validate the input."""
+        """Learn from ``x`` (n, dim). Data-oblivious methods only validate the input. Fewer rows than
+        ``recommended_training_rows`` train with a :class:`TrainingSizeWarning`."""
         x = as_float_matrix(x, self.dim, "training data")
+        if len(x) < self.recommended_training_rows:
+            warnings.warn(f"{self.name}: training on {len(x)} rows, fewer than the {self.recommended_training_rows} "
+                          "it is designed for", TrainingSizeWarning, stacklevel=2)
         self._train(x)
         self.is_trained = True
 

@@ -122,6 +122,10 @@ def _sub_vector_length(bits: int | None, code_bits: int, method: str) -> int:
     return code_bits // bits
 
 
+#: faiss's k-means asks for this many training points per centroid (``ClusteringParameters.min_points_per_centroid``)
+_KMEANS_MIN_POINTS = int(faiss.ClusteringParameters().min_points_per_centroid)
+
+
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
@@ -161,7 +165,9 @@ class PQIndex(FaissIndex):
 
     def _make_faiss_index(self) -> faiss.Index:
         m = self.padded_dim // self.sub_vector_length
-        return getattr(faiss, self.faiss_class)(self.padded_dim, m, self.sub_bits, faiss.METRIC_INNER_PRODUCT)
+        index = getattr(faiss, self.faiss_class)(self.padded_dim, m, self.sub_bits, faiss.METRIC_INNER_PRODUCT)
+        index.pq.cp.min_points_per_centroid = 0  # as in _after_load
+        return index
 
     @property
     def model_nbytes(self) -> int:
@@ -169,10 +175,12 @@ class PQIndex(FaissIndex):
 
     @property
     def recommended_training_rows(self) -> int:
-        """faiss's k-means minimum, ``min_points_per_centroid`` (39) rows per codeword of a sub-quantizer; below
-        it faiss trains anyway and prints a warning per sub-quantizer."""
-        pq = self._index.pq
-        return int(pq.cp.min_points_per_centroid) * int(pq.ksub)
+        """faiss's k-means minimum, ``min_points_per_centroid`` rows per codeword of a sub-quantizer."""
+        return _KMEANS_MIN_POINTS * int(self._index.pq.ksub)
+
+    def _after_load(self) -> None:
+        # Below the minimum faiss prints a line per sub-quantizer (d / 2 lines at 4 bits); train() warns once instead.
+        self._index.pq.cp.min_points_per_centroid = 0
 
 
 class PQFastScanIndex(PQIndex):
