@@ -37,6 +37,7 @@ class FaissIndex(VectorIndex):
         super().__init__(dim, bits)
         self.padded_dim = _round_up(self.dim, self.sub_vector_length)
         self._index = self._make_faiss_index()
+        self._apply_settings()
 
     @property
     def sub_vector_length(self) -> int:
@@ -106,10 +107,11 @@ class FaissIndex(VectorIndex):
         if index.d != self.padded_dim:
             raise ValueError(f"saved faiss index has d={index.d}, expected {self.padded_dim}")
         self._index = index
-        self._after_load()
+        self._apply_settings()
 
-    def _after_load(self) -> None:
-        """Re-apply settings that faiss does not serialise (none by default)."""
+    def _apply_settings(self) -> None:
+        """Set on ``self._index`` what faiss does not serialise (nothing by default); after construction and after
+        loading."""
 
 
 def _sub_vector_length(bits: int | None, code_bits: int, method: str) -> int:
@@ -165,9 +167,7 @@ class PQIndex(FaissIndex):
 
     def _make_faiss_index(self) -> faiss.Index:
         m = self.padded_dim // self.sub_vector_length
-        index = getattr(faiss, self.faiss_class)(self.padded_dim, m, self.sub_bits, faiss.METRIC_INNER_PRODUCT)
-        index.pq.cp.min_points_per_centroid = 0  # as in _after_load
-        return index
+        return getattr(faiss, self.faiss_class)(self.padded_dim, m, self.sub_bits, faiss.METRIC_INNER_PRODUCT)
 
     @property
     def model_nbytes(self) -> int:
@@ -178,7 +178,7 @@ class PQIndex(FaissIndex):
         """faiss's k-means minimum, ``min_points_per_centroid`` rows per codeword of a sub-quantizer."""
         return _KMEANS_MIN_POINTS * int(self._index.pq.ksub)
 
-    def _after_load(self) -> None:
+    def _apply_settings(self) -> None:
         # Below the minimum faiss prints a line per sub-quantizer (d / 2 lines at 4 bits); train() warns once instead.
         self._index.pq.cp.min_points_per_centroid = 0
 
@@ -215,11 +215,9 @@ class RaBitQIndex(FaissIndex):
         super().__init__(dim, bits)
 
     def _make_faiss_index(self) -> faiss.Index:
-        index = faiss.IndexRaBitQ(self.dim, faiss.METRIC_INNER_PRODUCT, self.bits)
-        index.qb = self.query_bits
-        return index
+        return faiss.IndexRaBitQ(self.dim, faiss.METRIC_INNER_PRODUCT, self.bits)
 
-    def _after_load(self) -> None:
+    def _apply_settings(self) -> None:
         self._index.qb = self.query_bits
 
     @property
