@@ -388,7 +388,12 @@ class ResultStore:
         """Store what was actually used (dataset description, substitution, model, versions) for this run."""
         self._write_run_record(lambda stored: info)
 
-    def record_units(self, units: Sequence[Mapping[str, Any]], versioned: Sequence[str] = ()) -> None:
+    def record_units(
+        self,
+        units: Sequence[Mapping[str, Any]],
+        versioned: Sequence[str] = (),
+        replicate: Callable[[Mapping[str, Any]], Any] | None = None,
+    ) -> None:
         """Record ``units`` as cells of this config's current grid (``provenance["unit_slots"]``: unit_id -> slot,
         which the paper comparisons count through :func:`recorded_unit_ids`), merged with the cells earlier
         invocations recorded.
@@ -396,11 +401,17 @@ class ResultStore:
         The merge is a union by *slot*, a unit without its ``versioned`` keys (e.g. ``method_options``,
         ``protocol``): a new unit replaces a recorded one of the same slot (rows made with a method's earlier
         options stop counting) and leaves the other slots recorded (a process that ran a subset of the methods
-        or contexts does not erase the others'). The cells of a record written before slots were kept
-        (``unit_ids`` only) stay recorded, each its own slot.
+        or contexts does not erase the others'). ``replicate(unit)``, where given and not None, names a draw the
+        versioned keys carry (e.g. a rotation seed among a method's options): each draw is a slot of its own, so
+        a process that ran seeds 1-2 of a method leaves its seed 0 recorded. The cells of a record written before
+        slots were kept (``unit_ids`` only) stay recorded, each its own slot.
         """
-        slots = {self.unit_id(unit): _short_hash({k: v for k, v in unit.items() if k not in versioned})
-                 for unit in units}
+        def slot(unit: Mapping[str, Any]) -> str:
+            key = {k: v for k, v in unit.items() if k not in versioned}
+            draw = replicate(unit) if replicate is not None else None
+            return _short_hash(key if draw is None else {**key, "replicate": draw})
+
+        slots = {self.unit_id(unit): slot(unit) for unit in units}
 
         def merged(stored: Mapping[str, Any]) -> dict[str, Any]:
             new_slots = set(slots.values())

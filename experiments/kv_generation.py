@@ -99,6 +99,14 @@ class KVMethod:
         return json.dumps({"cache": self.cache, "options": self.options}, sort_keys=True)
 
 
+def method_draw(unit: Mapping[str, Any]) -> int | None:
+    """The random state (``options["seed"]``) of the method whose :meth:`KVMethod.identity` is a unit's
+    ``method_options``; None for a method without one. A unit's replicate for
+    :meth:`experiments.io.ResultStore.record_units`: the seeds of a method are cells of their own."""
+    seed = json.loads(unit["method_options"]).get("options", {}).get("seed")
+    return None if seed is None else int(seed)
+
+
 def kv_methods(cfg: Any) -> dict[str, KVMethod]:
     """``experiment.methods`` (configs/method/) as :class:`KVMethod`, with ``experiment.paper_methods``."""
     methods = config_to_dict(cfg.experiment.methods)

@@ -31,7 +31,7 @@ import torch
 
 from experiments.coverage import frame_coverage
 from experiments.io import ResultStore, config_to_dict, experiment_sizes
-from experiments.kv_generation import generate_with_cache, kv_methods, with_current_labels
+from experiments.kv_generation import generate_with_cache, kv_methods, method_draw, with_current_labels
 from experiments.longbench.builders import whitespace_tokens
 from experiments.longbench.data import DataSpec, data_spec_from_config, describe_data, load_samples
 from experiments.longbench.metrics import DATASET_METRIC, FIRST_LINE_DATASETS, LENGTH_BUCKETS, length_bucket, score_sample
@@ -227,7 +227,8 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
         }
         return [row]
 
-    store.record_units(all_units, versioned=VERSIONED_KEYS)  # first: a process killed mid-run still counts its cells
+    # first: a process killed mid-run still counts its cells
+    store.record_units(all_units, versioned=VERSIONED_KEYS, replicate=method_draw)
     frame = with_current_labels(store.run_units(all_units, compute, progress="longbench samples"), methods)
     if not frame.empty:
         write_tables(frame, cfg, store.directory)

@@ -13,7 +13,8 @@ from tqdm.auto import tqdm
 
 from experiments.data.haystack import load_haystack
 from experiments.io import ResultStore, STORE_COLUMNS, config_to_dict, experiment_sizes
-from experiments.kv_generation import KVMethod, answer_logprobs, generate_with_cache, kv_methods, with_current_labels
+from experiments.kv_generation import (KVMethod, answer_logprobs, generate_with_cache, kv_methods, method_draw,
+                                       with_current_labels)
 from experiments.models import LoadedModel, load_model, model_spec_from_config
 from experiments.needle.prompts import NeedlePrompt, NeedleTask, PromptBuilder
 from experiments.needle.scoring import needle_score
@@ -220,7 +221,7 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
 
     # the cells of this run's grid and methods, merged with other invocations': paper_comparison counts these.
     # Recorded first, so that a process killed mid-run (a device call's time limit) still counts its cells.
-    store.record_units(units, versioned=VERSIONED_KEYS)
+    store.record_units(units, versioned=VERSIONED_KEYS, replicate=method_draw)
     store.run_units(units, compute, prepare=prepare, batches=batches,
                     progress=f"needle batches (<= {batch_size} cells)")
     if _rescore(store, units, task.keywords):

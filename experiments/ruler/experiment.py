@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from experiments.coverage import frame_coverage
 from experiments.data.cache import cache_root
 from experiments.io import ResultStore, experiment_sizes
-from experiments.kv_generation import KVMethod, generate_with_cache, kv_methods, with_current_labels
+from experiments.kv_generation import KVMethod, generate_with_cache, kv_methods, method_draw, with_current_labels
 from experiments.models import LoadedModel, load_model, model_spec_from_config
 from experiments.plotting import figure_style, figure_title, save_figure
 from experiments.ruler.library import RulerTask, check_dependencies, package_provenance, ruler_tasks, score_prediction
@@ -241,7 +241,8 @@ def run(cfg: Any, store: ResultStore) -> pd.DataFrame:
             return None
         return [[row] for row in rows]
 
-    store.record_units(units, versioned=VERSIONED_KEYS)  # first: a process killed mid-run still counts its cells
+    # first: a process killed mid-run still counts its cells
+    store.record_units(units, versioned=VERSIONED_KEYS, replicate=method_draw)
     store.run_units(units, compute, prepare=prepare, batches=batches, progress="ruler batches")
     frame = with_current_labels(store.frame(units), methods)
     if not frame.empty:

@@ -17,6 +17,7 @@ from hydra.errors import ConfigCompositionException
 
 import run
 from experiments.io import ResultStore, experiment_sizes, recorded_unit_ids
+from experiments.kv_generation import method_draw
 from experiments.plotting import figure_title, save_figure
 
 REPO = Path(run.__file__).resolve().parent
@@ -120,6 +121,20 @@ def test_store_merges_the_units_and_configs_of_processes_that_share_a_config(tmp
     first.record_units([changed], versioned=("method_options",))
     assert set(recorded_unit_ids(first.provenance())) == {first.unit_id(changed), first.unit_id(unit["b"])}
     assert "unit_ids" not in first.provenance()  # the cells are recorded once, as unit_slots
+
+
+def test_store_records_each_draw_of_a_method_as_its_own_cell(tmp_path: Path) -> None:
+    # seeds 1-2 of a method run by a later process than its seed 0 (session 29's needle hold): all three count
+    store = ResultStore(tmp_path, "toy", CONFIG, ("dataset", "seed"))
+
+    def unit(seed: int, bits: float = 3.5) -> dict:
+        options = json.dumps({"cache": "turboquant", "options": {"bits": bits, "seed": seed}}, sort_keys=True)
+        return {"method": "tq", "method_options": options, "context": 1}
+    store.record_units([unit(0)], versioned=("method_options",), replicate=method_draw)
+    store.record_units([unit(1), unit(2)], versioned=("method_options",), replicate=method_draw)
+    assert set(recorded_unit_ids(store.provenance())) == {store.unit_id(unit(s)) for s in (0, 1, 2)}
+    store.record_units([unit(0, bits=2.5)], versioned=("method_options",), replicate=method_draw)  # new options
+    assert set(recorded_unit_ids(store.provenance())) == {store.unit_id(u) for u in (unit(0, 2.5), unit(1), unit(2))}
 
 
 def test_store_keeps_the_cells_of_a_record_written_before_slots(tmp_path: Path) -> None:
