@@ -47,7 +47,6 @@ pack() { mkdir -p /tmp/tq_results; rm -rf /tmp/tq_pack; mkdir -p /tmp/tq_pack/tq
          tar -czf "$OUT/results.tgz.tmp" -C /tmp/tq_pack tq_results -C /tmp tq_logs $(cd /tmp && ls -d tqcache/ruler_samples 2>/dev/null) && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"
          nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv > "$OUT/gpu.txt"; }
 # the needle grid without the unwindowed presets and KIVI 2-bit; every randomized method over the config's seeds 0-2
-# (until session 29 prod keys, PolarQuant and `_4bit_nc` ran seed 0 only)
 NEEDLE_METHODS=("~experiment.methods.turboquant_3p5" "~experiment.methods.turboquant_2p5" "~experiment.methods.kivi_2bit")
 convert() {  # $1 = model: the ferried parts -> one GGUF, sha256 against its config, bf16 conversion on the GPU
   local m=$1 p f; p=$(prefix_of "$m"); f=$(gguf_of "$m")

@@ -124,7 +124,7 @@ def test_store_merges_the_units_and_configs_of_processes_that_share_a_config(tmp
 
 
 def test_store_records_each_draw_of_a_method_as_its_own_cell(tmp_path: Path) -> None:
-    # seeds 1-2 of a method run by a later process than its seed 0 (session 29's needle hold): all three count
+    # seeds 1-2 of a method run by a later process than its seed 0: all three count
     store = ResultStore(tmp_path, "toy", CONFIG, ("dataset", "seed"))
 
     def unit(seed: int, bits: float = 3.5) -> dict:
