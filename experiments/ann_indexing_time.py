@@ -110,7 +110,7 @@ def _timed_builds(method: str, bits: int, data: EmbeddingDataset, options: dict[
     bits = None if method == "exact" else bits  # the fp32 reference has no bit width
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TrainingSizeWarning)
-        build_index(method, data.dim, bits, data.base[: min(2048, len(data.base))], **options)
+        build_index(method, data.dim, bits, data.base[:2048], **options)
     builds = [build_index(method, data.dim, bits, data.base, **options)]
     while len(builds) < repeats and builds[0].build_s <= cheap_s:
         builds.append(build_index(method, data.dim, bits, data.base, **options))
