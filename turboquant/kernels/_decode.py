@@ -297,6 +297,72 @@ PRMT_PAIR4 = tl.constexpr("{\n.reg .b32 s, j, sel, lo, hi, r, t, x;\n" + "\n".jo
 PRMT_PAIR4_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 10))
 
 
+PAIR_LUT_SYMBOL = "tq_pair_lut"
+PAIR_LUT_ENTRIES = 256  # one per byte of two 4-bit codes
+PAIR_LUT_BYTES = PAIR_LUT_ENTRIES * 32 * 4  # an int32 copy of every entry per lane: 32 KB of shared memory
+
+
+def pair_lut_table(table: torch.Tensor) -> torch.Tensor:
+    """int32 (256,) on ``table``'s device: entry ``e`` is the fp16 pair (c[e & 15], c[e >> 4]) of the 16-entry codebook
+    ``table`` (low half the low nibble's value), what :data:`PAIR_LUT_FILL` copies to shared memory and
+    :data:`PAIR_LUT4` looks up. Reads the codebook through :func:`~turboquant.codebook.host_codebook`."""
+    values = host_codebook(table)
+    if values.numel() != 16:
+        raise ValueError(f"the pair table decodes 4-bit codebooks (16 entries), got {values.numel()}")
+    bits = values.view(torch.int16).to(torch.int64) & 0xFFFF
+    entries = torch.arange(PAIR_LUT_ENTRIES)
+    pairs = bits[entries & 15] | bits[entries >> 4] << 16
+    return torch.where(pairs >= 1 << 31, pairs - (1 << 32), pairs).to(torch.int32).to(table.device)
+
+
+def _pair_lut_fill_lines() -> list[str]:
+    """Lines of :data:`PAIR_LUT_FILL`: lane l holds entries 8l .. 8l + 7 ($8 .. $15) and writes each to all 32 lanes'
+    copies (word ``32 e + lane`` of the table), 4 copies per 16-byte store, the lanes rotating over the 8 groups of 4
+    so that one store instruction spreads over the banks; then ``bar.warp.sync`` (which orders the writes before any
+    lane's lookups)."""
+    lines = ["mov.u32 l, %laneid;", f"mov.u32 row, {PAIR_LUT_SYMBOL};", "mad.lo.u32 row, l, 1024, row;"]
+    for j in range(8):
+        lines += [f"add.u32 r, l, {j};", "and.b32 r, r, 7;", "mad.lo.u32 r, r, 16, row;"]
+        lines += [f"st.shared.v4.b32 [r+{128 * i}], {{${8 + i}, ${8 + i}, ${8 + i}, ${8 + i}}};" for i in range(8)]
+    return lines + ["bar.warp.sync -1;"] + [f"mov.b32 ${i}, ${8 + i};" for i in range(8)]
+
+
+# One invocation per lane (``pack=8``, the lane's 8 entries of pair_lut_table in $8..$15, copied to $0..$7 so that the
+# statement has outputs): declares the table in shared memory (a function-scope ``.shared`` array: only this program
+# may declare it, once per kernel) and fills it. Lane l's copy of entry e is word 32 e + l, in bank l, so the 32
+# lookups of one PAIR_LUT4 load never share a bank, whatever codes the lanes hold.
+PAIR_LUT_FILL = tl.constexpr(f".shared .align 16 .b8 {PAIR_LUT_SYMBOL}[{PAIR_LUT_BYTES}];\n"
+                             + "{\n.reg .b32 l, row, r;\n" + "\n".join(_pair_lut_fill_lines()) + "\n}")
+PAIR_LUT_FILL_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
+
+
+def _pair_lut_lines() -> list[str]:
+    """Lines of :data:`PAIR_LUT4`. The nibbles of A and B are interleaved into bytes (x_e: bytes (a_2k, b_2k), x_o:
+    (a_2k+1, b_2k+1); one mask-merge each after a shift), then each byte, times 128 (the entry's 32 lane copies)
+    plus this lane's 4 bytes, addresses one ``ld.shared``: per 16 codes 2 + 8 logic ops, 2 + 8 shifts written as
+    integer multiplies (``IMAD``, the FMA pipe) and 8 loads, no sign or interleave step (the entries hold signed fp16
+    pairs)."""
+    lines = ["mov.u32 l, %laneid;", "shl.b32 l, l, 2;", f"mov.u32 base, {PAIR_LUT_SYMBOL};",
+             "mul.lo.u32 t, $9, 16;", "and.b32 t, t, 0xF0F0F0F0;", "and.b32 xe, $8, 0x0F0F0F0F;",
+             "or.b32 xe, xe, t;", "mul.hi.u32 t, $8, 0x10000000;", "and.b32 t, t, 0x0F0F0F0F;",
+             "and.b32 xo, $9, 0xF0F0F0F0;", "or.b32 xo, xo, t;"]
+    for source, first in (("xe", 0), ("xo", 1)):
+        for k in range(4):  # byte k of the source holds code 2k + first of A (low nibble) and of B (high nibble)
+            # x << 7, or x >> (8k - 7) as the high word of x * 2^(39 - 8k): integer multiplies, which run beside
+            # the logic ops rather than among them
+            shift = "mul.lo.u32 a, {}, 128;" if k == 0 else f"mul.hi.u32 a, {{}}, {1 << (39 - 8 * k)};"
+            lines += [shift.format(source), "and.b32 a, a, 0x7F80;", "or.b32 a, a, l;", "add.u32 a, a, base;",
+                      f"ld.shared.b32 ${first + 2 * k}, [a];"]
+    return lines
+
+
+# One invocation (``pack=2``): two words A ($8) and B ($9) of 8 4-bit codes -> $c = the fp16 pair (code c of A,
+# code c of B), c = 0..7, as PRMT_PAIR4 writes it, looked up in the shared table PAIR_LUT_FILL wrote (two codes per
+# load). Needs PAIR_LUT_FILL earlier in the same kernel.
+PAIR_LUT4 = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a;\n" + "\n".join(_pair_lut_lines()) + "\n}")
+PAIR_LUT4_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 2))
+
+
 def _pair3_lines() -> list[str]:
     """Lines of :data:`PRMT_PAIR3`: both group words spread to nibbles, their nibbles interleaved into two selector
     words (even codes: a0 b0 a2 b2 a4 b4 a6 b6; odd codes likewise), each looked up 4 nibbles at a time
