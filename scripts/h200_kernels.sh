@@ -8,7 +8,7 @@
 # platformdirs; not in the device image) are installed from .whl/ (carry it). $OUT receives gpu.txt (GPU, driver,
 # commit), pytest.txt, log.txt, kernels.md, results.csv and the run record (two folders deep at most).
 # NCU=1 adds ncu of one launch of each default kernel (benchmarks/ncu_quantize_decode.py: quantize at 4 / 3 / 2 bits,
-# prod, scores and decode at B=8/32K) as ncu_kernels.txt.
+# prod, scores and decode at B=8/32K) as ncu_kernels.txt, with the stall cycles per issued instruction by reason.
 # ONLY_ON=H200 stops at once (exit 3, before any test or install) where the GPU's name lacks that text: a call that
 # names the nvidia-h200 kind may be given an H100, whose timings the kernels have (sessions 21, 24, 28).
 set -uo pipefail
@@ -37,9 +37,14 @@ cp /tmp/kr/kernels/kernels.md /tmp/kr/kernels/results.csv "$OUT/" 2>/dev/null
 mkdir -p "$OUT/runs" && cp /tmp/kr/kernels/runs/*.json "$OUT/runs/" 2>/dev/null
 grep -E "^\| |FAILED" "$OUT/log.txt" | grep -v "^| op \|^|---" | cut -c1-200 | tail -40
 if [ -n "${NCU:-}" ]; then
+  stalls=""  # stall cycles per issued instruction, by reason (what WarpStateStats summarises in one number)
+  for r in short_scoreboard long_scoreboard mio_throttle math_pipe_throttle wait not_selected selected dispatch_stall \
+           lg_throttle barrier no_instruction branch_resolving; do
+    stalls="$stalls,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+  done
   timeout "${NCU_SECONDS:-180}" ncu --clock-control none -k regex:"quantize|mma_" --section SpeedOfLight \
     --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
-    python3 -m benchmarks.ncu_quantize_decode > "$OUT/ncu_kernels.txt" 2>&1
+    --metrics "${stalls:1}" python3 -m benchmarks.ncu_quantize_decode > "$OUT/ncu_kernels.txt" 2>&1
   echo "ncu: exit $?"
 fi
