@@ -2,11 +2,13 @@
 
     ncu ... -k regex:"quantize|mma_" python -m benchmarks.ncu_quantize_decode            # every op
     ncu ... -k regex:"mma_split|merge|rotate" python -m benchmarks.ncu_quantize_decode --ops decode
+    ncu ... -k regex:mma_split python -m benchmarks.ncu_quantize_decode --ops decode --bits 4 --decoders prmt lut
 
 ``quantize``: 16M x 128 fp16 rows at 4, 3 and 2 bits (``quantize_mse_triton``, ``kernel="auto"``); ``prod``: the
 same rows, TurboQuant_prod at 4 bits (3-bit codes + QJL signs); ``scores``: logits of B=8, 32K 4-bit keys through
 the register-operand kernel; ``decode``: B=8, 32K decode attention over K4V4, K3V3 and the 3.5-bit outlier preset
-(``kernel="auto"``; the benchmark's random caches). Profiled by ``scripts/h200_kernels.sh`` with ``NCU=1``; outputs
+(``kernel="auto"``; the benchmark's random caches; ``--bits`` a subset, ``--decoders`` the register-operand
+kernel's decoders to run at 4 bits, each one launch). Profiled by ``scripts/h200_kernels.sh`` with ``NCU=1``; outputs
 of earlier sessions under ``results/kernels/session*/ncu_*.txt``."""
 from __future__ import annotations
 
@@ -48,22 +50,25 @@ def _scores(device: torch.device) -> None:
                       kernel="mma")
 
 
-def _decode(device: torch.device) -> None:
+def _decode(device: torch.device, widths: list[float], decoders: list[str]) -> None:
     from turboquant.kernels.decode_attention import decode_attention_groups_triton
 
     from .bench_decode import packed_cache
 
     seq_lens = torch.full((BATCH,), TOKENS, dtype=torch.int32, device=device)
     q = torch.randn(BATCH, HEADS_Q, HEAD_DIM, device=device, dtype=torch.bfloat16)
-    for bits in (4, 3, 3.5):
+    for bits in widths:
         keys, values, cache_format, perms = packed_cache(BATCH, TOKENS, bits, bits, HEAD_DIM, device)
-        decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, **perms)
+        for decoder in decoders if bits == 4 else ["auto"]:
+            decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, decoder=decoder, **perms)
         del keys, values
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    parser.add_argument("--bits", nargs="+", type=float, choices=(4, 3, 3.5), default=[4, 3, 3.5])
+    parser.add_argument("--decoders", nargs="+", choices=("auto", "prmt", "lut"), default=["auto"])
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     for op in args.ops:
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         elif op == "scores":
             _scores(device)
         else:
-            _decode(device)
+            _decode(device, [int(b) if b == int(b) else b for b in args.bits], args.decoders)
         torch.cuda.synchronize()
         print(op, "done", flush=True)
     return 0

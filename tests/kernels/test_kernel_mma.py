@@ -9,6 +9,8 @@ the programs decode every code, that the joins and permutes of the decoded tiles
 compiler accepts the decoded tiles as MMA operands without moving them (``assert_trivial``)."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -17,11 +19,21 @@ import turboquant as tq
 
 pytest.importorskip("triton.experimental.gluon")
 
-from turboquant.kernels._decode import PRMT_PAIR3, PRMT_PAIR4, PRMT_PAIR_MIXED, prmt_byte_tables  # noqa: E402
+from turboquant.kernels._decode import (  # noqa: E402
+    PAIR_LUT4,
+    PAIR_LUT_COPIES,
+    PAIR_LUT_FILL,
+    PAIR_LUT_SYMBOL,
+    PRMT_PAIR3,
+    PRMT_PAIR4,
+    PRMT_PAIR_MIXED,
+    pair_lut_table,
+    prmt_byte_tables,
+)
 from turboquant.kernels import _mma  # noqa: E402
 from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup  # noqa: E402
 
-from tests.kernels.test_kernel_prmt import _byte_tables, _fp16_bits, run_ptx  # noqa: E402
+from tests.kernels.test_kernel_prmt import SharedMemory, _byte_tables, _fp16_bits, run_ptx  # noqa: E402
 
 
 def _table(dim: int = 128) -> np.ndarray:
@@ -102,6 +114,60 @@ def test_pair_program_decodes_every_code_of_both_words(dim) -> None:
                                          16: hi1, 17: hi1})
         for c in range(8):  # $c: code c of A in the low half, of B in the high half
             assert out[c] == expected[(a >> (4 * c)) & 15] | expected[(b >> (4 * c)) & 15] << 16, (hex(a), hex(b), c)
+
+
+def test_pair_lut_programs_decode_every_code_of_both_words() -> None:
+    """``PAIR_LUT_FILL`` run by the 32 lanes of a warp, then ``PAIR_LUT4`` by each lane on its own words: the fp16 pairs
+    ``PRMT_PAIR4`` writes (code c of A in the low half, of B in the high half); lane l reads only its copy
+    (l mod ``PAIR_LUT_COPIES``), and no load of the warp puts more than two addresses in one bank (two wavefronts at
+    most), whatever the codes."""
+    table = _table()
+    expected = _fp16_bits(table)
+    entries = [int(e) for e in pair_lut_table(torch.from_numpy(table))]
+    assert all(e & 0xFFFF == expected[i & 15] and (e >> 16) & 0xFFFF == expected[i >> 4] for i, e in enumerate(entries))
+    base = 0x400  # where the table lands is the assembler's choice: any 16-byte-aligned address
+    shared, symbols = SharedMemory(), {PAIR_LUT_SYMBOL: base}
+    for lane in range(32):
+        run_ptx(PAIR_LUT_FILL.value, {8 + i: entries[8 * lane + i] for i in range(8)}, lane, shared, symbols)
+    assert sorted(shared) == [base + 4 * w for w in range(256 * PAIR_LUT_COPIES)]
+    assert all(shared[base + 4 * (PAIR_LUT_COPIES * e + c)] == entries[e] & 0xFFFFFFFF
+               for e in range(256) for c in range(PAIR_LUT_COPIES))
+    words = _words(5)
+    pairs = list(zip(words, reversed(words)))
+    for warp in range(0, len(pairs) - 31, 32):  # one warp's load: lane l decodes pair warp + l
+        shared.reads.clear()
+        for lane in range(32):
+            a, b = pairs[warp + lane]
+            out = run_ptx(PAIR_LUT4.value, {8: a, 9: b}, lane, shared, symbols)
+            for c in range(8):
+                assert out[c] == expected[(a >> (4 * c)) & 15] | expected[(b >> (4 * c)) & 15] << 16, (hex(a), c)
+        assert all((address - base) % (4 * PAIR_LUT_COPIES) == 4 * (lane % PAIR_LUT_COPIES)
+                   for lane, reads in shared.reads.items() for address in reads)
+        for load in zip(*(shared.reads[lane] for lane in range(32))):  # the k-th load of every lane
+            banks: dict[int, set[int]] = {}
+            for address in load:
+                banks.setdefault((address // 4) % 32, set()).add(address)
+            assert max(map(len, banks.values())) <= 2, load
+
+
+def test_pair_lut_serves_one_4bit_codebook_only() -> None:
+    from turboquant.kernels.decode_attention.mma import resolve_mma_decoder
+
+    def cache(key_bits, value_bits, value_seed=0):
+        return CacheFormat.build(*[[ChannelGroup(128, bits, tq.make_rotation("haar", 128, seed=seed).matrix(),
+                                                 tq.lloyd_max_codebook(128, bits).centroids_tensor())]
+                                   for bits, seed in ((key_bits, 0), (value_bits, value_seed))], "cpu")
+    assert resolve_mma_decoder("auto", cache(4, 4)) == "prmt"
+    assert resolve_mma_decoder("lut", cache(4, 4, value_seed=5)) == "lut"  # other rotation, same codebook
+    assert torch.equal(cache(4, 4).mma_pair_table, pair_lut_table(tq.lloyd_max_codebook(128, 4).centroids_tensor()))
+    for key_bits, value_bits in ((3, 3), (4, 3)):
+        assert cache(key_bits, value_bits).mma_pair_table is None
+        with pytest.raises(ValueError, match="4-bit keys and values"):
+            resolve_mma_decoder("lut", cache(key_bits, value_bits))
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        resolve_mma_decoder("table", cache(4, 4))
+    with pytest.raises(ValueError, match="4-bit codebooks"):
+        pair_lut_table(torch.zeros(8))
 
 
 def _mixed_code(slot: int, c: int) -> int:
@@ -283,8 +349,8 @@ def test_pipeline_depth_refusal() -> None:
     from turboquant.kernels.decode_attention.mma import _meta
 
     with pytest.raises(ValueError, match="1 or 2 stages"):
-        _meta(4, 32, 3, 4, 4)
-    assert _meta(4, 32, 2, 4, 4)["STAGES"] == 2
+        _meta(4, 32, 3, 4, 4, "prmt")
+    assert _meta(4, 32, 2, 4, 4, "prmt")["STAGES"] == 2
 
 
 @pytest.mark.parametrize("groups", [1, 2])
@@ -316,14 +382,17 @@ def test_offline_compile_for_sm90_keeps_operands_in_registers() -> None:
     keys = [k.strip() for k in header.strip("|").split("|")]
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
             if "mma_split_kernel" in line or "mma_scores_kernel" in line]
-    assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 4 + ["mma_scores_kernel"]  # 4-bit variants
+    assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 5 + ["mma_scores_kernel"]  # 4-bit variants
                                                + ["mma_split_kernel"] * 2 + ["mma_scores_kernel"]  # K3V3, K4V3, b=3
                                                + ["mma_split_kernel"])  # the 3.5-bit split
     for row in rows:
         assert int(row["HMMA"]) > 0 and int(row["loop"]) > 0, row
         slices = 5 if "split" in row["launch"] else 4
-        assert int(row["LDSM"]) <= slices and int(row["STS"]) <= 2 * slices, row
-        assert row["stack"] == "0" and row["loop shared"] == "0", row
+        lut = row["launch"].endswith(" lut")  # its table: 16-byte stores of 4 copies before the loop, 8 loads per 16 codes
+        assert int(row["LDSM"]) <= slices and int(row["STS"]) <= 2 * slices + 2 * PAIR_LUT_COPIES * lut, row
+        assert row["stack"] == "0" and row["loop shared"] == ("128" if lut else "0"), row
+        if lut:  # the loop's only shared-memory accesses are the lookups, one per two codes: none is the decoded tile
+            assert int(row["LDS"]) == 128 and int(row["PRMT"]) < 200, row
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on a CUDA GPU only")
@@ -355,10 +424,12 @@ def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group, key_bits, val
     perms = {name: torch.rand(batch, 2, 128, device="cuda", generator=gen).argsort(dim=-1)
              for name in ("key_permutation", "value_permutation")} if key_bits == "split" else {}
     ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format, **perms)
-    for splits, block_n, stages in ((1, 32, 2), (3, 32, 1), (2, 16, 2), (1, 64, 1)):
+    decoders = ("prmt", "lut") if (key_bits, value_bits) == (4, 4) else ("prmt",)
+    for (splits, block_n, stages), decoder in itertools.product(((1, 32, 2), (3, 32, 1), (2, 16, 2), (1, 64, 1)),
+                                                                decoders):
         out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, kernel="mma", num_splits=splits,
-                                             block_n=block_n, num_stages=stages, **perms)
-        assert ((out.double() - ref).norm() / ref.norm()) < 1e-2, (splits, block_n, stages)
+                                             block_n=block_n, num_stages=stages, decoder=decoder, **perms)
+        assert ((out.double() - ref).norm() / ref.norm()) < 1e-2, (splits, block_n, stages, decoder)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Gluon kernel runs on a CUDA GPU only")

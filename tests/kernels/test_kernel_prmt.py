@@ -36,23 +36,52 @@ _OPS = {
     "mul.lo.u32": lambda a, b: (a * b) & MASK, "mul.hi.u32": lambda a, b: (a * b) >> 32,
     "mad.lo.u32": lambda a, b, c: (a * b + c) & MASK, "add.u32": lambda a, b: (a + b) & MASK,
     "not.b32": lambda a: ~a & MASK,
-    "prmt.b32": _prmt, "mov.b32": lambda a: a,
+    "prmt.b32": _prmt, "mov.b32": lambda a: a, "mov.u32": lambda a: a,
 }
 
 
-def run_ptx(program: str, operands: dict[int, int]) -> dict[int, int]:
-    """Execute ``program`` (one ``{ ... }`` block of the instructions in :data:`_OPS`) with ``$i`` inputs
-    ``operands``; returns every ``$i`` written (32-bit, or 16-bit halves for ``mov.b32 {$x, $y}, v``)."""
+class SharedMemory(dict):
+    """Shared memory of one emulated warp: 32-bit words by byte address, and every address ``ld.shared`` read, by
+    lane (for bank checks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: dict[int, list[int]] = {}
+
+
+def run_ptx(program: str, operands: dict[int, int], lane: int = 0, shared: SharedMemory | None = None,
+            symbols: dict[str, int] | None = None) -> dict[int, int]:
+    """Execute ``program`` (``{ ... }`` blocks of the instructions in :data:`_OPS`, ``.shared`` declarations skipped)
+    with ``$i`` inputs ``operands`` as lane ``lane`` (``%laneid``) of a warp whose shared memory is ``shared`` and
+    whose shared variables are at the addresses ``symbols``; ``ld.shared.b32`` / ``st.shared.v4.b32`` move words of
+    ``shared`` (addresses ``[reg]`` or ``[reg+imm]``), ``bar.warp.sync`` does nothing (run the lanes one after the
+    other). Returns every ``$i`` written (32-bit, or 16-bit halves for ``mov.b32 {$x, $y}, v``)."""
     regs: dict[str, int] = {f"${i}": v & MASK for i, v in operands.items()}
+    regs["%laneid"] = lane
+    regs.update(symbols or {})
 
     def value(token: str) -> int:
         return regs[token] if token in regs else int(token, 0)
 
-    for line in program.strip().strip("{}").splitlines():
+    def address(token: str) -> int:
+        base, _, offset = token.strip("[]").partition("+")
+        return value(base) + (int(offset, 0) if offset else 0)
+
+    for line in program.strip().splitlines():
         line = line.strip().rstrip(";")
-        if not line or line.startswith(".reg"):
+        if line in ("", "{", "}") or line.startswith((".reg", ".shared", "bar.warp.sync")):
             continue
         op, rest = line.split(None, 1)
+        if op == "st.shared.v4.b32":
+            target, words = re.fullmatch(r"(\[[^\]]+\]),\s*\{(.*)\}", rest).groups()
+            for i, word in enumerate(words.split(",")):
+                shared[address(target) + 4 * i] = value(word.strip())
+            continue
+        if op == "ld.shared.b32":
+            dest, target = (t.strip() for t in rest.split(",", 1))
+            shared.reads.setdefault(lane, []).append(address(target))
+            regs[dest] = shared[address(target)]
+            continue
         unpack = re.fullmatch(r"\{(\$\d+),\s*(\$\d+)\},\s*(\S+)", rest)
         if op == "mov.b32" and unpack:
             low, high, src = unpack.groups()

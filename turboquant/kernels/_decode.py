@@ -297,6 +297,78 @@ PRMT_PAIR4 = tl.constexpr("{\n.reg .b32 s, j, sel, lo, hi, r, t, x;\n" + "\n".jo
 PRMT_PAIR4_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 10))
 
 
+PAIR_LUT_SYMBOL = "tq_pair_lut"
+PAIR_LUT_ENTRIES = 256  # one per byte of two 4-bit codes
+PAIR_LUT_COPIES = 16  # copies of the table in shared memory; lanes l and l + 16 share copy l mod 16
+PAIR_LUT_BYTES = PAIR_LUT_ENTRIES * PAIR_LUT_COPIES * 4  # int32 entries: 16 KB of shared memory
+_ENTRY_SHIFT = (4 * PAIR_LUT_COPIES).bit_length() - 1  # byte offset of entry e, copy c: (e << _ENTRY_SHIFT) + 4 c
+
+
+def pair_lut_table(table: torch.Tensor) -> torch.Tensor:
+    """int32 (256,) on ``table``'s device: entry ``e`` is the fp16 pair (c[e & 15], c[e >> 4]) of the 16-entry codebook
+    ``table`` (low half the low nibble's value), what :data:`PAIR_LUT_FILL` copies to shared memory and
+    :data:`PAIR_LUT4` looks up. Reads the codebook through :func:`~turboquant.codebook.host_codebook`."""
+    values = host_codebook(table)
+    if values.numel() != 16:
+        raise ValueError(f"the pair table decodes 4-bit codebooks (16 entries), got {values.numel()}")
+    bits = values.view(torch.int16).to(torch.int64) & 0xFFFF
+    entries = torch.arange(PAIR_LUT_ENTRIES)
+    pairs = bits[entries & 15] | bits[entries >> 4] << 16
+    return torch.where(pairs >= 1 << 31, pairs - (1 << 32), pairs).to(torch.int32).to(table.device)
+
+
+def _pair_lut_fill_lines() -> list[str]:
+    """Lines of :data:`PAIR_LUT_FILL`: lane l holds entries 8l .. 8l + 7 ($8 .. $15) and writes each to all
+    :data:`PAIR_LUT_COPIES` copies (word ``copies * e + c`` of the table), 4 copies per 16-byte store, the lanes
+    rotating over the groups of 4 so that one store instruction spreads over the banks; then ``bar.warp.sync``
+    (which orders the writes before any lane's lookups)."""
+    groups, entry_bytes = PAIR_LUT_COPIES // 4, 4 * PAIR_LUT_COPIES
+    lines = ["mov.u32 l, %laneid;", f"mov.u32 row, {PAIR_LUT_SYMBOL};", f"mad.lo.u32 row, l, {8 * entry_bytes}, row;"]
+    for j in range(groups):
+        lines += [f"add.u32 r, l, {j};", f"and.b32 r, r, {groups - 1};", "mad.lo.u32 r, r, 16, row;"]
+        lines += [f"st.shared.v4.b32 [r+{entry_bytes * i}], {{${8 + i}, ${8 + i}, ${8 + i}, ${8 + i}}};"
+                  for i in range(8)]
+    return lines + ["bar.warp.sync -1;"] + [f"mov.b32 ${i}, ${8 + i};" for i in range(8)]
+
+
+# One invocation per lane (``pack=8``, the lane's 8 entries of pair_lut_table in $8..$15, copied to $0..$7 so that the
+# statement has outputs): declares the table in shared memory (a function-scope ``.shared`` array: only this program
+# may declare it, once per kernel) and fills it. Lane l reads copy c = l mod 16 of entry e, word 16 e + c, in bank
+# c + 16 (e mod 2): two lanes of one load share a bank only as the pair (l, l + 16), so a load takes at most two
+# shared-memory wavefronts, whatever codes the lanes hold.
+PAIR_LUT_FILL = tl.constexpr(f".shared .align 16 .b8 {PAIR_LUT_SYMBOL}[{PAIR_LUT_BYTES}];\n"
+                             + "{\n.reg .b32 l, row, r;\n" + "\n".join(_pair_lut_fill_lines()) + "\n}")
+PAIR_LUT_FILL_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
+
+
+def _pair_lut_lines() -> list[str]:
+    """Lines of :data:`PAIR_LUT4`. The nibbles of A and B are interleaved into bytes (x_e: bytes (a_2k, b_2k), x_o:
+    (a_2k+1, b_2k+1); one mask-merge each after a shift), then each byte e addresses one ``ld.shared`` of this lane's
+    copy (byte offset ``(e << _ENTRY_SHIFT) + 4 (lane mod copies)``): per 16 codes 2 + 8 logic ops, 2 + 8 shifts
+    written as integer multiplies (``IMAD``, the FMA pipe) and 8 loads, no sign or interleave step (the entries hold
+    signed fp16 pairs)."""
+    lines = ["mov.u32 l, %laneid;", f"and.b32 l, l, {PAIR_LUT_COPIES - 1};", "shl.b32 l, l, 2;",
+             f"mov.u32 base, {PAIR_LUT_SYMBOL};", "mul.lo.u32 t, $9, 16;", "and.b32 t, t, 0xF0F0F0F0;",
+             "and.b32 xe, $8, 0x0F0F0F0F;", "or.b32 xe, xe, t;", "mul.hi.u32 t, $8, 0x10000000;",
+             "and.b32 t, t, 0x0F0F0F0F;", "and.b32 xo, $9, 0xF0F0F0F0;", "or.b32 xo, xo, t;"]
+    for source, first in (("xe", 0), ("xo", 1)):
+        for k in range(4):  # byte k of the source holds code 2k + first of A (low nibble) and of B (high nibble)
+            # byte k moved to bit _ENTRY_SHIFT: x << s, or x >> (8k - s) as the high word of x * 2^(32 + s - 8k):
+            # integer multiplies, which run beside the logic ops rather than among them
+            shift = (f"mul.lo.u32 a, {{}}, {1 << _ENTRY_SHIFT};" if k == 0
+                     else f"mul.hi.u32 a, {{}}, {1 << (32 + _ENTRY_SHIFT - 8 * k)};")
+            lines += [shift.format(source), f"and.b32 a, a, {255 << _ENTRY_SHIFT};", "or.b32 a, a, l;",
+                      "add.u32 a, a, base;", f"ld.shared.b32 ${first + 2 * k}, [a];"]
+    return lines
+
+
+# One invocation (``pack=2``): two words A ($8) and B ($9) of 8 4-bit codes -> $c = the fp16 pair (code c of A,
+# code c of B), c = 0..7, as PRMT_PAIR4 writes it, looked up in the shared table PAIR_LUT_FILL wrote (two codes per
+# load). Needs PAIR_LUT_FILL earlier in the same kernel.
+PAIR_LUT4 = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a;\n" + "\n".join(_pair_lut_lines()) + "\n}")
+PAIR_LUT4_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 2))
+
+
 def _pair3_lines() -> list[str]:
     """Lines of :data:`PRMT_PAIR3`: both group words spread to nibbles, their nibbles interleaved into two selector
     words (even codes: a0 b0 a2 b2 a4 b4 a6 b6; odd codes likewise), each looked up 4 nibbles at a time

@@ -31,6 +31,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ._decode import (
+    PAIR_LUT4,
+    PAIR_LUT4_CONSTRAINTS,
+    PAIR_LUT_FILL,
+    PAIR_LUT_FILL_CONSTRAINTS,
     PRMT_PAIR3,
     PRMT_PAIR3_CONSTRAINTS,
     PRMT_PAIR4,
@@ -317,12 +321,30 @@ def split_value_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride
     return cut_split_value_slots(gather_words(pair, pair_live), gather_words(outlier, outlier_live), slot, BLOCK_N)
 
 
+LUT_ENTRIES = gl.constexpr(gl.BlockedLayout([1, 8], [32, 1], [1, 1], [1, 0]))  # lane l: entries 8l .. 8l + 7
+
+
 @gluon.jit
-def _decode_pairs(words, tables, BITS: gl.constexpr):
+def fill_pair_lut(pair_table_ptr):
+    """Copy ``_decode.pair_lut_table`` (256 int32 at ``pair_table_ptr``) into the shared table the ``"lut"`` decoder
+    reads, one copy per lane (:data:`~turboquant.kernels._decode.PAIR_LUT_FILL`); once per program, before any
+    lookup."""
+    entries = (gl.arange(0, 32, layout=gl.SliceLayout(1, LUT_ENTRIES))[:, None] * 8
+               + gl.arange(0, 8, layout=gl.SliceLayout(0, LUT_ENTRIES))[None, :])
+    gl.inline_asm_elementwise(PAIR_LUT_FILL, PAIR_LUT_FILL_CONSTRAINTS, [gl.load(pair_table_ptr + entries)],
+                              dtype=gl.int32, is_pure=False, pack=8)
+
+
+@gluon.jit
+def _decode_pairs(words, tables, BITS: gl.constexpr, DECODER: gl.constexpr):
     """The 8 code planes of slot pairs (consecutive registers of ``words``): fp16 tensors of ``words``' shape.
     ``tables``: the byte tables (``_decode.prmt_byte_tables``) of the codebook, or for ``BITS == 43`` (mixed slots)
-    of the outlier codebook then the 3-bit one."""
-    if BITS == 4:
+    of the outlier codebook then the 3-bit one. ``DECODER``: ``"prmt"`` (byte-permute lookups in registers) or, for
+    4-bit words, ``"lut"`` (two codes per load from the shared table of :func:`fill_pair_lut`; ``tables`` unread)."""
+    if DECODER == "lut":
+        planes = gl.inline_asm_elementwise(PAIR_LUT4, PAIR_LUT4_CONSTRAINTS, [words], dtype=(gl.float16,) * 8,
+                                           is_pure=True, pack=2)
+    elif BITS == 4:
         planes = gl.inline_asm_elementwise(PRMT_PAIR4, PRMT_PAIR4_CONSTRAINTS,
                                            [words, tables[0], tables[1], tables[2], tables[3]],
                                            dtype=(gl.float16,) * 8, is_pure=True, pack=2)
@@ -345,8 +367,8 @@ def _split_key_planes(words, tables, BLOCK_N: gl.constexpr):
     programs and put back."""
     w = gl.permute(gl.reshape(words, (BLOCK_N, 4, 2, 2)), (0, 1, 3, 2))  # token, t, i0, i1
     mixed, three = gl.split(w)  # i1 = 0: the mixed pair; 1: the 3-bit pair
-    m = _decode_pairs(gl.reshape(mixed, (BLOCK_N, 8)), tables, SPLIT_43)
-    h = _decode_pairs(gl.reshape(three, (BLOCK_N, 8)), (tables[4], tables[5], tables[6], tables[7]), 3)
+    m = _decode_pairs(gl.reshape(mixed, (BLOCK_N, 8)), tables, SPLIT_43, "prmt")
+    h = _decode_pairs(gl.reshape(three, (BLOCK_N, 8)), (tables[4], tables[5], tables[6], tables[7]), 3, "prmt")
     return (_key_plane(m[0], h[0], BLOCK_N), _key_plane(m[1], h[1], BLOCK_N), _key_plane(m[2], h[2], BLOCK_N),
             _key_plane(m[3], h[3], BLOCK_N), _key_plane(m[4], h[4], BLOCK_N), _key_plane(m[5], h[5], BLOCK_N),
             _key_plane(m[6], h[6], BLOCK_N), _key_plane(m[7], h[7], BLOCK_N))
@@ -366,9 +388,11 @@ def _join_planes(v):
 
 
 @gluon.jit
-def decoded_keys(words, tables, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
-    """(BLOCK_N, 16) key slots -> (BLOCK_N, 128) fp16 in the A layout, columns in :func:`key_channel_order`."""
-    x = gl.permute(gl.reshape(_join_planes(_decode_pairs(words, tables, BITS)), (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)),
+def decoded_keys(words, tables, BLOCK_N: gl.constexpr, BITS: gl.constexpr, DECODER: gl.constexpr):
+    """(BLOCK_N, 16) key slots -> (BLOCK_N, 128) fp16 in the A layout, columns in :func:`key_channel_order`
+    (``DECODER``: :func:`_decode_pairs`)."""
+    x = gl.permute(gl.reshape(_join_planes(_decode_pairs(words, tables, BITS, DECODER)),
+                              (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)),
                    KEY_AXES.value)
     return gl.convert_layout(gl.reshape(x, (BLOCK_N, 128)), OPERAND_A, assert_trivial=True)
 
@@ -394,10 +418,11 @@ def _value_tile(x, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def decoded_values(words, tables, BLOCK_N: gl.constexpr, BITS: gl.constexpr):
-    """(BLOCK_N, 16) value slots -> (128, BLOCK_N) fp16 in the A layout, rows in :func:`value_channel_order`."""
+def decoded_values(words, tables, BLOCK_N: gl.constexpr, BITS: gl.constexpr, DECODER: gl.constexpr):
+    """(BLOCK_N, 16) value slots -> (128, BLOCK_N) fp16 in the A layout, rows in :func:`value_channel_order`
+    (``DECODER``: :func:`_decode_pairs`)."""
     words = gl.convert_layout(words, value_words_layout(BLOCK_N, True), assert_trivial=True)
-    return _value_tile(_join_planes(_decode_pairs(words, tables, BITS)), BLOCK_N)
+    return _value_tile(_join_planes(_decode_pairs(words, tables, BITS, DECODER)), BLOCK_N)
 
 
 @gluon.jit
@@ -413,8 +438,8 @@ def decoded_split_values(words, tables, BLOCK_N: gl.constexpr):
     weights the first by the 3-bit norms and the second by the outlier norms and keeps each product's own rows."""
     words = gl.convert_layout(words, value_words_layout(BLOCK_N, True), assert_trivial=True)
     mixed, three = gl.split(gl.reshape(words, (BLOCK_N, 8, 2)))  # w = 0: the mixed slot; 1: the 3-bit slot
-    m = _decode_pairs(mixed, tables, SPLIT_43)
-    h = _decode_pairs(three, (tables[4], tables[5], tables[6], tables[7]), 3)
+    m = _decode_pairs(mixed, tables, SPLIT_43, "prmt")
+    h = _decode_pairs(three, (tables[4], tables[5], tables[6], tables[7]), 3, "prmt")
     v = (_value_plane(m[0], h[0], BLOCK_N), _value_plane(m[1], h[1], BLOCK_N), _value_plane(m[2], h[2], BLOCK_N),
          _value_plane(m[3], h[3], BLOCK_N), _value_plane(m[4], h[4], BLOCK_N), _value_plane(m[5], h[5], BLOCK_N),
          _value_plane(m[6], h[6], BLOCK_N), _value_plane(m[7], h[7], BLOCK_N))

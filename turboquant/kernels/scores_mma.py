@@ -87,7 +87,8 @@ def mma_scores_kernel(
         else:
             words, norms = _load_tile(words_row, norms_row, n0, end, w_tok, w_slot, s_tok, w_strides[1], n_strides[1],
                                       BLOCK_N, BITS)
-        s = mma_v2(decoded_keys(words, tables, BLOCK_N, BITS), q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA))
+        s = mma_v2(decoded_keys(words, tables, BLOCK_N, BITS, "prmt"), q_t,
+                   gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA))
         s = s * (norms * scale)[:, None]
         keys = n0 + s_tok
         gl.store(out_row + keys[:, None], s.to(out_ptr.dtype.element_ty),

@@ -12,10 +12,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ...codebook import symmetric_codebook
+from ...codebook import host_codebook, symmetric_codebook
 from ...codes import QuantizedVectors
 from ...packing import packed_size
-from .._decode import prmt_byte_tables
+from .._decode import pair_lut_table, prmt_byte_tables
 from .._layout import KERNEL_BITS, group_geometry, num_groups, pow2_at_least
 
 MAX_CHANNEL_GROUPS = 2
@@ -162,6 +162,16 @@ class CacheFormat:
         """The key and value codebooks' byte tables (``_decode.prmt_byte_tables``, each stream's groups in order),
         read back once."""
         return (sum(map(prmt_byte_tables, self.key_tables), ()), sum(map(prmt_byte_tables, self.value_tables), ()))
+
+    @cached_property
+    def mma_pair_table(self) -> torch.Tensor | None:
+        """The shared codebook's pair table (``_decode.pair_lut_table``, int32 (256,)) that the register-operand
+        kernel's ``"lut"`` decoder reads, or None unless both streams are one 4-bit group of the same codebook."""
+        tables = (*self.key_tables, *self.value_tables)
+        if len(tables) != 2 or any(g.bits != 4 for g in (*self.key_groups, *self.value_groups)):
+            return None
+        key, value = (host_codebook(t) for t in tables)
+        return pair_lut_table(tables[0]) if torch.equal(key, value) else None
 
     @property
     def head_dim(self) -> int:

@@ -39,8 +39,9 @@ def default_num_splits(batch: int, n_kv_heads: int, max_tokens: int, device: tor
 
 @dataclass(frozen=True)
 class SplitPlan:
-    """What one decode-attention launch runs: the split kernel (``"mma"`` or ``"tiles"``), the tile kernel's decoder
-    (``_decode.resolve_decoder``; unused by ``"mma"``), tokens per tile, and the KV splits with the tokens each
+    """What one decode-attention launch runs: the split kernel (``"mma"`` or ``"tiles"``), its decoder (the tile
+    kernel's: ``_decode.resolve_decoder``; the register-operand kernel's: :func:`.mma.resolve_mma_decoder`), tokens per
+    tile, and the KV splits with the tokens each
     covers (a multiple of ``block_n``; ``num_splits = ceil(max_tokens / tokens_per_split)``)."""
 
     kernel: str
@@ -57,16 +58,21 @@ def split_plan(cache_format: CacheFormat, batch: int, n_heads: int, n_kv_heads: 
     """The :class:`SplitPlan` of :func:`decode_attention_groups_triton` for these options (its docstring; None /
     ``"auto"`` take the defaults): ``kernel="auto"`` is ``"mma"`` where it serves the cache
     (:meth:`CacheFormat.mma_unsupported`, ``turboquant.backends.decode_kernel``) unless the tile kernel's own
-    options (``decoder``, ``inner``, ``lookup``) were asked for."""
+    options (``decoder`` other than ``"lut"``, ``inner``, ``lookup``) were asked for; ``decoder="lut"`` is the
+    register-operand kernel's alone."""
+    if kernel == "auto" and decoder == "lut":
+        kernel = "mma"
     if kernel == "auto" and (decoder != "auto" or inner != "dot" or not lookup):
         kernel = "tiles"
     kernel = decode_kernel(kernel, device, cache_format.mma_unsupported(n_heads, n_kv_heads)).chosen
     if kernel == "mma":
-        from .mma import default_mma_splits
+        from .mma import default_mma_splits, resolve_mma_decoder
 
+        decoder = resolve_mma_decoder(decoder, cache_format)
         block_n = block_n or 32
         num_splits = num_splits or default_mma_splits(batch, n_kv_heads, max_tokens, device, block_n,
-                                                      n_heads // n_kv_heads, num_stages, cache_format.mma_bits)
+                                                      n_heads // n_kv_heads, num_stages, cache_format.mma_bits,
+                                                      decoder)
     else:
         decoder = resolve_decoder(decoder, device, lambda: cache_format.symmetric)
         block_n = block_n or default_block_n(cache_format, decoder)
@@ -147,6 +153,8 @@ def decode_attention_groups_triton(
             from the codebook in memory), ``"select"`` (register codebook, needs the symmetric Lloyd-Max
             codebook), ``"prmt"`` (byte-permute lookups for 3- and 4-bit groups in inline PTX: GPU only), or
             ``"auto"`` (``"prmt"`` on CUDA for symmetric codebooks, else ``"table"``: ``_decode.resolve_decoder``).
+            The register-operand kernel takes ``"prmt"`` (its ``"auto"``) or ``"lut"`` (two codes per load from a
+            per-lane table in shared memory: 4-bit keys and values of one codebook; :func:`.mma.resolve_mma_decoder`).
         inner: the multiply of the inner loop: ``"dot"`` (tensor cores, the GQA group padded to 16 rows) or
             ``"fma"`` (CUDA-core FMAs over the group's own rows; decode is a matrix-vector product per head).
         kernel: the split kernel: ``"tiles"`` (:mod:`.kernel`, every layout; ``decoder`` / ``inner`` / ``lookup``
@@ -182,7 +190,7 @@ def decode_attention_groups_triton(
         from .mma import mma_split
 
         mma_split(q_mapped, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split,
-                  plan.block_n, scale * math.log2(math.e), num_stages)
+                  plan.block_n, scale * math.log2(math.e), num_stages, plan.decoder)
     else:
         _tiles_split(q_mapped, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split, scale,
                      group, plan.block_n, plan.decoder if lookup else "none", inner, num_warps, num_stages)

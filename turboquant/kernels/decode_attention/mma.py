@@ -34,6 +34,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from .._decode import PAIR_LUT_BYTES
 from .._mma import (
     MMA,
     OPERAND_B,
@@ -49,6 +50,7 @@ from .._mma import (
     decoded_split_keys,
     decoded_split_values,
     decoded_values,
+    fill_pair_lut,
     gather_words,
     key_slot_source,
     key_words_layout,
@@ -127,11 +129,11 @@ def _load_words(sources, SPLIT: gl.constexpr):
 @gluon.jit
 def mma_split_kernel(
     q_ptr, k_words_ptr, k_norms_ptr, v_words_ptr, v_norms_ptr, k0_words_ptr, k0_norms_ptr, v0_words_ptr,
-    v0_norms_ptr, value_rows_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr, k_tables, v_tables, tokens_per_split,
-    q_strides, k_strides, kn_strides, v_strides, vn_strides, k0_strides, kn0_strides, v0_strides, vn0_strides,
-    part_strides, lse_strides, scale_log2,
+    v0_norms_ptr, value_rows_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr, k_tables, v_tables, pair_table_ptr,
+    tokens_per_split, q_strides, k_strides, kn_strides, v_strides, vn_strides, k0_strides, kn0_strides, v0_strides,
+    vn0_strides, part_strides, lse_strides, scale_log2,
     GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KEY_BITS: gl.constexpr,
-    VALUE_BITS: gl.constexpr,
+    VALUE_BITS: gl.constexpr, DECODER: gl.constexpr,
 ):
     """One (batch row, KV head, split), one warp. ``q_ptr``: (batch, query heads, 128) fp16 rotated queries in
     :func:`key_channel_order`; ``k_words_ptr`` / ``v_words_ptr``: the packed code rows as int32 words, strides in
@@ -142,12 +144,17 @@ def mma_split_kernel(
     outlier codebook's first). Writes the split's normalized output, rotated, and its log2-sum-exp, as
     :func:`.kernel.decode_split_kernel` does. ``STAGES``, the loads' pipeline (Triton does not pipeline loads whose
     consumer is inline assembly, so the kernel does): 1, each tile loaded where it is decoded; 2, the next tile's
-    loads issued before this tile is decoded (a register double buffer)."""
+    loads issued before this tile is decoded (a register double buffer). ``DECODER``: ``"prmt"``, byte-permute
+    lookups in registers (``*_tables``), or ``"lut"`` (4-bit keys and values of one codebook): two codes per load from
+    a shared-memory copy of ``pair_table_ptr`` (``_decode.pair_lut_table``, 256 int32; unread by ``"prmt"``), one copy
+    per lane so that no two lanes' lookups share a bank."""
     SPLIT: gl.constexpr = KEY_BITS == SPLIT_43
     b = gl.program_id(0).to(gl.int64)
     kv_head = gl.program_id(1)
     split = gl.program_id(2)
     seq_len = gl.load(seq_lens_ptr + b)
+    if DECODER == "lut":
+        fill_pair_lut(pair_table_ptr)
     start = split * tokens_per_split
     end = gl.minimum(start + tokens_per_split, seq_len)
 
@@ -210,7 +217,7 @@ def mma_split_kernel(
             s = (mma_v2(keys, q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn[:, None]
                  + mma_v2(outlier_keys, q0_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn0[:, None])
         else:
-            keys = decoded_keys(kw, k_tables, BLOCK_N, KEY_BITS)
+            keys = decoded_keys(kw, k_tables, BLOCK_N, KEY_BITS, DECODER)
             s = mma_v2(keys, q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn[:, None]
         s = gl.where(live[:, None], s * scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
@@ -224,7 +231,7 @@ def mma_split_kernel(
             p0_t = gl.convert_layout((p * vn0[:, None]).to(gl.float16), OPERAND_B)
             acc0 = mma_v2(top, p0_t, acc0 * alpha[None, :])
         else:
-            acc = mma_v2(decoded_values(vw, v_tables, BLOCK_N, VALUE_BITS), p_t, acc * alpha[None, :])
+            acc = mma_v2(decoded_values(vw, v_tables, BLOCK_N, VALUE_BITS, DECODER), p_t, acc * alpha[None, :])
         m_i = m_new
         if STAGES == 2:
             k_loaded, v_loaded, o_loaded = next_words
@@ -270,29 +277,45 @@ def _stream_args(groups: Sequence[QuantizedVectors]) -> tuple:
 
 def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors],
               seq_lens: torch.Tensor, cache_format: CacheFormat, part_out: torch.Tensor, part_lse: torch.Tensor,
-              tokens_per_split: int, block_n: int, scale_log2: float, stages: int) -> None:
+              tokens_per_split: int, block_n: int, scale_log2: float, stages: int, decoder: str) -> None:
     """Launch :func:`mma_split_kernel` over ``part_out`` (batch, query heads, splits, 128) / ``part_lse``.
     ``q_rot``: (batch, query heads, 128) fp16 rotated queries in the key order
     (:attr:`CacheFormat.mma_query_map`); ``keys`` / ``values``: each stream's channel groups (outliers first);
-    ``stages``: the kernel's ``STAGES``."""
+    ``stages``, ``decoder``: the kernel's ``STAGES`` and ``DECODER`` (:func:`resolve_mma_decoder`)."""
     batch, n_heads, _ = q_rot.shape
     n_kv_heads, num_splits = keys[0].codes.shape[1], part_out.shape[2]
     (k, kn, k0, kn0), k_strides = _stream_args(keys)
     (v, vn, v0, vn0), v_strides = _stream_args(values)
     mma_split_kernel[(batch, n_kv_heads, num_splits)](
         q_rot, k, kn, v, vn, k0, kn0, v0, vn0, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
-        *cache_format.mma_tables, tokens_per_split, q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0],
-        v_strides[1], k_strides[2], k_strides[3], v_strides[2], v_strides[3], part_out.stride()[:3],
-        part_lse.stride()[:2], scale_log2, **_meta(n_heads // n_kv_heads, block_n, stages, *cache_format.mma_bits),
+        *cache_format.mma_tables, cache_format.mma_pair_table if decoder == "lut" else seq_lens, tokens_per_split,
+        q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0], v_strides[1], k_strides[2], k_strides[3],
+        v_strides[2], v_strides[3], part_out.stride()[:3], part_lse.stride()[:2], scale_log2,
+        **_meta(n_heads // n_kv_heads, block_n, stages, *cache_format.mma_bits, decoder),
     )
 
 
-def _meta(group: int, block_n: int, stages: int, key_bits: int, value_bits: int) -> dict:
+MMA_DECODERS = ("auto", "prmt", "lut")
+
+
+def resolve_mma_decoder(decoder: str, cache_format: CacheFormat) -> str:
+    """The register-operand kernel's decoder: ``"prmt"`` (byte-permute lookups in registers, every layout the kernel
+    reads; ``"auto"``) or ``"lut"`` (two codes per load from a per-lane shared-memory table: 4-bit keys and values of
+    one channel group and one codebook). ValueError naming the reason otherwise."""
+    if decoder not in MMA_DECODERS:
+        raise ValueError(f"the register-operand kernel's decoder must be one of {MMA_DECODERS}, got {decoder!r}")
+    if decoder == "lut" and (cache_format.mma_bits != (4, 4) or cache_format.mma_pair_table is None):
+        raise ValueError("decoder='lut' reads 4-bit keys and values of one channel group sharing one codebook; "
+                         f"this cache is {cache_format.mma_bits} bits, or its streams' codebooks differ")
+    return "prmt" if decoder == "auto" else decoder
+
+
+def _meta(group: int, block_n: int, stages: int, key_bits: int, value_bits: int, decoder: str) -> dict:
     if stages not in (1, 2):
         raise ValueError(f"the register-operand kernel pipelines 1 or 2 stages through registers; got "
                          f"num_stages={stages}")
     return dict(GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, STAGES=stages, KEY_BITS=key_bits,
-                VALUE_BITS=value_bits, num_warps=1)
+                VALUE_BITS=value_bits, DECODER=decoder, num_warps=1)
 
 
 MAX_BLOCKS_PER_SM = 32  # resident thread blocks per SM on sm_80 - sm_90
@@ -300,10 +323,12 @@ SHARED_PER_SM = 228 * 1024  # shared memory of an SM on sm_90 (where torch does 
 
 
 @functools.cache
-def resident_programs(device_index: int, group: int, block_n: int, stages: int, bits: tuple[int, int]) -> int:
+def resident_programs(device_index: int, group: int, block_n: int, stages: int, bits: tuple[int, int],
+                      decoder: str = "prmt") -> int:
     """One-warp programs of :func:`mma_split_kernel` that fit on one SM at once: the SM's registers over the
     kernel's (compiled once, fp16 norms; ptxas allocates registers per warp in units of 256) and its shared memory
-    over the kernel's (plus 1 KB the runtime reserves per block), at most :data:`MAX_BLOCKS_PER_SM`."""
+    over the kernel's (Triton's, the ``"lut"`` decoder's static table, and 1 KB the runtime reserves per block), at
+    most :data:`MAX_BLOCKS_PER_SM`."""
     from triton.runtime.jit import MockTensor
 
     i32, f16, f32 = (MockTensor(t) for t in (torch.int32, torch.float16, torch.float32))
@@ -311,25 +336,26 @@ def resident_programs(device_index: int, group: int, block_n: int, stages: int, 
     tables = (3,) * (8 if bits[0] == SPLIT_BITS else 4)
     with torch.cuda.device(device_index):
         compiled = mma_split_kernel.warmup(
-            f16, i32, f16, i32, f16, i32, f16, i32, f16, i32, i32, f32, f32, tables, tables, 1024, (4096, 128),
-            words, norms, words, norms, words, norms, words, norms, words, (4096, 64), 1.0, grid=(1,),
-            **_meta(group, block_n, stages, *bits))
+            f16, i32, f16, i32, f16, i32, f16, i32, f16, i32, i32, f32, f32, tables, tables, i32, 1024,
+            (4096, 128), words, norms, words, norms, words, norms, words, norms, words, (4096, 64), 1.0, grid=(1,),
+            **_meta(group, block_n, stages, *bits, decoder))
         compiled._init_handles()  # loads the binary, which is when Triton reads its register count
     props = torch.cuda.get_device_properties(device_index)
     registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
     shared_per_sm = getattr(props, "shared_memory_per_multiprocessor", SHARED_PER_SM)
     return max(1, min(MAX_BLOCKS_PER_SM, props.max_threads_per_multi_processor // 32,
                       props.regs_per_multiprocessor // registers_per_warp,
-                      shared_per_sm // (compiled.metadata.shared + 1024)))
+                      shared_per_sm // (compiled.metadata.shared + (PAIR_LUT_BYTES if decoder == "lut" else 0)
+                                        + 1024)))
 
 
 def default_mma_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device, block_n: int,
-                       group: int, stages: int, bits: tuple[int, int] = (4, 4)) -> int:
+                       group: int, stages: int, bits: tuple[int, int] = (4, 4), decoder: str = "prmt") -> int:
     """Splits so that the grid is one wave of resident programs (:func:`resident_programs` on every SM: a partial
     second wave would leave most SMs idle at its end), at least one tile per split."""
     if device.type != "cuda":
         return 1
     index = device.index if device.index is not None else torch.cuda.current_device()
-    wave = resident_programs(index, group, block_n, stages, bits) * torch.cuda.get_device_properties(
+    wave = resident_programs(index, group, block_n, stages, bits, decoder) * torch.cuda.get_device_properties(
         index).multi_processor_count
     return max(1, min(wave // (batch * n_kv_heads), triton.cdiv(max_tokens, block_n)))
