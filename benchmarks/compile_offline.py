@@ -174,6 +174,10 @@ def _session5_calls(ops: list[str]):
                 decode_attention_triton(torch.randn(1, 32, dim, generator=gen), k_codes, norms, v_codes, norms,
                                         torch.tensor([64], dtype=torch.int32), k_centroids=k_cb, v_centroids=v_cb,
                                         k_bits=k_bits, v_bits=v_bits, rotation=rot, num_splits=1, kernel="mma")
+            label["now"] = "decode K3V3 mma bn32 prefetch lut"
+            decode_attention_triton(torch.randn(1, 32, dim, generator=gen), codes3, norms, codes3, norms,
+                                    torch.tensor([64], dtype=torch.int32), k_centroids=cb3, v_centroids=cb3, k_bits=3,
+                                    v_bits=3, rotation=rot, num_splits=1, kernel="mma", decoder="lut")
             label["now"] = "scores b=3 mma"
             mse_scores_triton(torch.randn(8, 4, dim, generator=gen), codes3[0], norms[0], cb3, 3, kernel="mma")
             label["now"] = "decode 3.5-bit split mma bn32 prefetch"  # 32 outlier channels at 4 bits + 96 at 3

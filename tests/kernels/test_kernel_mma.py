@@ -20,6 +20,7 @@ import turboquant as tq
 pytest.importorskip("triton.experimental.gluon")
 
 from turboquant.kernels._decode import (  # noqa: E402
+    PAIR_LUT3,
     PAIR_LUT4,
     PAIR_LUT_COPIES,
     PAIR_LUT_FILL,
@@ -36,8 +37,8 @@ from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup  # noq
 from tests.kernels.test_kernel_prmt import SharedMemory, _byte_tables, _fp16_bits, run_ptx  # noqa: E402
 
 
-def _table(dim: int = 128) -> np.ndarray:
-    return tq.lloyd_max_codebook(dim, 4).centroids_tensor().numpy().astype(np.float16)
+def _table(dim: int = 128, bits: int = 4) -> np.ndarray:
+    return tq.lloyd_max_codebook(dim, bits).centroids_tensor().numpy().astype(np.float16)
 
 
 def _words(seed: int, n: int = 300) -> list[int]:
@@ -150,7 +151,25 @@ def test_pair_lut_programs_decode_every_code_of_both_words() -> None:
             assert max(map(len, banks.values())) <= 2, load
 
 
-def test_pair_lut_serves_one_4bit_codebook_only() -> None:
+def test_pair_lut3_program_decodes_every_code_of_both_groups() -> None:
+    """``PAIR_LUT3`` on two 24-bit group words (bits 24-31 set, as the slot cuts leave them): the fp16 pairs
+    ``PRMT_PAIR3`` writes, from the pair table of the 3-bit codebook."""
+    table = _table(128, 3)
+    expected = _fp16_bits(table)
+    entries = [int(e) for e in pair_lut_table(torch.from_numpy(table))]
+    base = 0x400
+    shared, symbols = SharedMemory(), {PAIR_LUT_SYMBOL: base}
+    for lane in range(32):
+        run_ptx(PAIR_LUT_FILL.value, {8 + i: entries[8 * lane + i] for i in range(8)}, lane, shared, symbols)
+    groups = [sum(((c + k) % 8) << (3 * k) for k in range(8)) for c in range(8)]  # every code at every position
+    groups += [int(w) for w in np.random.default_rng(3).integers(0, 2 ** 24, size=200)]
+    for i, (a, b) in enumerate(zip(groups, reversed(groups))):
+        out = run_ptx(PAIR_LUT3.value, {8: a | 0xFF000000, 9: b | 0xFF000000}, i % 32, shared, symbols)
+        for c in range(8):
+            assert out[c] == expected[(a >> (3 * c)) & 7] | expected[(b >> (3 * c)) & 7] << 16, (hex(a), hex(b), c)
+
+
+def test_pair_lut_serves_one_codebook_of_3_or_4_bits_only() -> None:
     from turboquant.kernels.decode_attention.mma import resolve_mma_decoder
 
     def cache(key_bits, value_bits, value_seed=0):
@@ -158,16 +177,17 @@ def test_pair_lut_serves_one_4bit_codebook_only() -> None:
                                                  tq.lloyd_max_codebook(128, bits).centroids_tensor())]
                                    for bits, seed in ((key_bits, 0), (value_bits, value_seed))], "cpu")
     assert resolve_mma_decoder("auto", cache(4, 4)) == "prmt"
-    assert resolve_mma_decoder("lut", cache(4, 4, value_seed=5)) == "lut"  # other rotation, same codebook
-    assert torch.equal(cache(4, 4).mma_pair_table, pair_lut_table(tq.lloyd_max_codebook(128, 4).centroids_tensor()))
-    for key_bits, value_bits in ((3, 3), (4, 3)):
-        assert cache(key_bits, value_bits).mma_pair_table is None
-        with pytest.raises(ValueError, match="4-bit keys and values"):
-            resolve_mma_decoder("lut", cache(key_bits, value_bits))
+    for bits in (4, 3):
+        assert resolve_mma_decoder("lut", cache(bits, bits, value_seed=5)) == "lut"  # other rotation, same codebook
+        assert torch.equal(cache(bits, bits).mma_pair_table,
+                           pair_lut_table(tq.lloyd_max_codebook(128, bits).centroids_tensor()))
+    assert cache(4, 3).mma_pair_table is None
+    with pytest.raises(ValueError, match="3- or 4-bit keys and values"):
+        resolve_mma_decoder("lut", cache(4, 3))
     with pytest.raises(ValueError, match="decoder must be one of"):
         resolve_mma_decoder("table", cache(4, 4))
-    with pytest.raises(ValueError, match="4-bit codebooks"):
-        pair_lut_table(torch.zeros(8))
+    with pytest.raises(ValueError, match="3- and 4-bit codebooks"):
+        pair_lut_table(torch.zeros(4))
 
 
 def _mixed_code(slot: int, c: int) -> int:
@@ -383,7 +403,7 @@ def test_offline_compile_for_sm90_keeps_operands_in_registers() -> None:
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
             if "mma_split_kernel" in line or "mma_scores_kernel" in line]
     assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 5 + ["mma_scores_kernel"]  # 4-bit variants
-                                               + ["mma_split_kernel"] * 2 + ["mma_scores_kernel"]  # K3V3, K4V3, b=3
+                                               + ["mma_split_kernel"] * 3 + ["mma_scores_kernel"]  # K3V3, K4V3, lut, b=3
                                                + ["mma_split_kernel"])  # the 3.5-bit split
     for row in rows:
         assert int(row["HMMA"]) > 0 and int(row["loop"]) > 0, row
@@ -424,7 +444,7 @@ def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group, key_bits, val
     perms = {name: torch.rand(batch, 2, 128, device="cuda", generator=gen).argsort(dim=-1)
              for name in ("key_permutation", "value_permutation")} if key_bits == "split" else {}
     ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format, **perms)
-    decoders = ("prmt", "lut") if (key_bits, value_bits) == (4, 4) else ("prmt",)
+    decoders = ("prmt", "lut") if key_bits == value_bits and key_bits in (3, 4) else ("prmt",)
     for (splits, block_n, stages), decoder in itertools.product(((1, 32, 2), (3, 32, 1), (2, 16, 2), (1, 64, 1)),
                                                                 decoders):
         out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, kernel="mma", num_splits=splits,

@@ -305,15 +305,17 @@ _ENTRY_SHIFT = (4 * PAIR_LUT_COPIES).bit_length() - 1  # byte offset of entry e,
 
 
 def pair_lut_table(table: torch.Tensor) -> torch.Tensor:
-    """int32 (256,) on ``table``'s device: entry ``e`` is the fp16 pair (c[e & 15], c[e >> 4]) of the 16-entry codebook
-    ``table`` (low half the low nibble's value), what :data:`PAIR_LUT_FILL` copies to shared memory and
-    :data:`PAIR_LUT4` looks up. Reads the codebook through :func:`~turboquant.codebook.host_codebook`."""
+    """int32 (256,) on ``table``'s device: entry ``e`` is the fp16 pair (c[e & m], c[(e >> 4) & m]) of the 16- or
+    8-entry codebook ``table`` (m = 15 or 7; low half the low nibble's value), what :data:`PAIR_LUT_FILL` copies to
+    shared memory and :data:`PAIR_LUT4` / :data:`PAIR_LUT3` look up (3-bit codes spread to nibbles with bit 3 clear
+    read only the entries with bits 3 and 7 clear). Reads the codebook through
+    :func:`~turboquant.codebook.host_codebook`."""
     values = host_codebook(table)
-    if values.numel() != 16:
-        raise ValueError(f"the pair table decodes 4-bit codebooks (16 entries), got {values.numel()}")
+    if values.numel() not in (8, 16):
+        raise ValueError(f"the pair table decodes 3- and 4-bit codebooks (8 or 16 entries), got {values.numel()}")
     bits = values.view(torch.int16).to(torch.int64) & 0xFFFF
-    entries = torch.arange(PAIR_LUT_ENTRIES)
-    pairs = bits[entries & 15] | bits[entries >> 4] << 16
+    entries, mask = torch.arange(PAIR_LUT_ENTRIES), values.numel() - 1
+    pairs = bits[entries & mask] | bits[(entries >> 4) & mask] << 16
     return torch.where(pairs >= 1 << 31, pairs - (1 << 32), pairs).to(torch.int32).to(table.device)
 
 
@@ -341,16 +343,17 @@ PAIR_LUT_FILL = tl.constexpr(f".shared .align 16 .b8 {PAIR_LUT_SYMBOL}[{PAIR_LUT
 PAIR_LUT_FILL_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
 
 
-def _pair_lut_lines() -> list[str]:
-    """Lines of :data:`PAIR_LUT4`. The nibbles of A and B are interleaved into bytes (x_e: bytes (a_2k, b_2k), x_o:
-    (a_2k+1, b_2k+1); one mask-merge each after a shift), then each byte e addresses one ``ld.shared`` of this lane's
-    copy (byte offset ``(e << _ENTRY_SHIFT) + 4 (lane mod copies)``): per 16 codes 2 + 8 logic ops, 2 + 8 shifts
-    written as integer multiplies (``IMAD``, the FMA pipe) and 8 loads, no sign or interleave step (the entries hold
-    signed fp16 pairs)."""
+def _pair_lut_lines(a: str, b: str) -> list[str]:
+    """Lines of :data:`PAIR_LUT4` for the words ``a`` and ``b`` of 8 nibble codes each. Their nibbles are interleaved
+    into bytes (x_e: bytes (a_2k, b_2k), x_o: (a_2k+1, b_2k+1); one mask-merge each after a shift), then each byte e
+    addresses one ``ld.shared`` of this lane's copy (byte offset ``(e << _ENTRY_SHIFT) + 4 (lane mod copies)``) and
+    writes output 2k (x_e) or 2k + 1 (x_o): per 16 codes 2 + 8 logic ops, 2 + 8 shifts written as integer
+    multiplies (``IMAD``, the FMA pipe) and 8 loads, no sign or interleave step (the entries hold signed fp16
+    pairs)."""
     lines = ["mov.u32 l, %laneid;", f"and.b32 l, l, {PAIR_LUT_COPIES - 1};", "shl.b32 l, l, 2;",
-             f"mov.u32 base, {PAIR_LUT_SYMBOL};", "mul.lo.u32 t, $9, 16;", "and.b32 t, t, 0xF0F0F0F0;",
-             "and.b32 xe, $8, 0x0F0F0F0F;", "or.b32 xe, xe, t;", "mul.hi.u32 t, $8, 0x10000000;",
-             "and.b32 t, t, 0x0F0F0F0F;", "and.b32 xo, $9, 0xF0F0F0F0;", "or.b32 xo, xo, t;"]
+             f"mov.u32 base, {PAIR_LUT_SYMBOL};", f"mul.lo.u32 t, {b}, 16;", "and.b32 t, t, 0xF0F0F0F0;",
+             f"and.b32 xe, {a}, 0x0F0F0F0F;", "or.b32 xe, xe, t;", f"mul.hi.u32 t, {a}, 0x10000000;",
+             "and.b32 t, t, 0x0F0F0F0F;", f"and.b32 xo, {b}, 0xF0F0F0F0;", "or.b32 xo, xo, t;"]
     for source, first in (("xe", 0), ("xo", 1)):
         for k in range(4):  # byte k of the source holds code 2k + first of A (low nibble) and of B (high nibble)
             # byte k moved to bit _ENTRY_SHIFT: x << s, or x >> (8k - s) as the high word of x * 2^(32 + s - 8k):
@@ -365,8 +368,12 @@ def _pair_lut_lines() -> list[str]:
 # One invocation (``pack=2``): two words A ($8) and B ($9) of 8 4-bit codes -> $c = the fp16 pair (code c of A,
 # code c of B), c = 0..7, as PRMT_PAIR4 writes it, looked up in the shared table PAIR_LUT_FILL wrote (two codes per
 # load). Needs PAIR_LUT_FILL earlier in the same kernel.
-PAIR_LUT4 = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a;\n" + "\n".join(_pair_lut_lines()) + "\n}")
-PAIR_LUT4_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 2))
+PAIR_LUT4 = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a;\n" + "\n".join(_pair_lut_lines("$8", "$9")) + "\n}")
+# The same for two 24-bit group words A ($8) and B ($9) of 8 3-bit codes (code k at bit 3k; bits 24-31 ignored),
+# spread to nibbles first (_spread3_lines), as PRMT_PAIR3 writes its outputs; the table of an 8-entry codebook.
+PAIR_LUT3 = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a, na, nb;\n" + "\n".join(
+    _spread3_lines("$8", "na") + _spread3_lines("$9", "nb") + _pair_lut_lines("na", "nb")) + "\n}")
+PAIR_LUT_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 2))
 
 
 def _pair3_lines() -> list[str]:

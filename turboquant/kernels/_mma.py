@@ -31,8 +31,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ._decode import (
+    PAIR_LUT3,
     PAIR_LUT4,
-    PAIR_LUT4_CONSTRAINTS,
+    PAIR_LUT_CONSTRAINTS,
     PAIR_LUT_FILL,
     PAIR_LUT_FILL_CONSTRAINTS,
     PRMT_PAIR3,
@@ -340,10 +341,11 @@ def _decode_pairs(words, tables, BITS: gl.constexpr, DECODER: gl.constexpr):
     """The 8 code planes of slot pairs (consecutive registers of ``words``): fp16 tensors of ``words``' shape.
     ``tables``: the byte tables (``_decode.prmt_byte_tables``) of the codebook, or for ``BITS == 43`` (mixed slots)
     of the outlier codebook then the 3-bit one. ``DECODER``: ``"prmt"`` (byte-permute lookups in registers) or, for
-    4-bit words, ``"lut"`` (two codes per load from the shared table of :func:`fill_pair_lut`; ``tables`` unread)."""
+    4- and 3-bit words, ``"lut"`` (two codes per load from the shared table of :func:`fill_pair_lut`; ``tables``
+    unread)."""
     if DECODER == "lut":
-        planes = gl.inline_asm_elementwise(PAIR_LUT4, PAIR_LUT4_CONSTRAINTS, [words], dtype=(gl.float16,) * 8,
-                                           is_pure=True, pack=2)
+        planes = gl.inline_asm_elementwise(PAIR_LUT4 if BITS == 4 else PAIR_LUT3, PAIR_LUT_CONSTRAINTS, [words],
+                                           dtype=(gl.float16,) * 8, is_pure=True, pack=2)
     elif BITS == 4:
         planes = gl.inline_asm_elementwise(PRMT_PAIR4, PRMT_PAIR4_CONSTRAINTS,
                                            [words, tables[0], tables[1], tables[2], tables[3]],

@@ -166,9 +166,10 @@ class CacheFormat:
     @cached_property
     def mma_pair_table(self) -> torch.Tensor | None:
         """The shared codebook's pair table (``_decode.pair_lut_table``, int32 (256,)) that the register-operand
-        kernel's ``"lut"`` decoder reads, or None unless both streams are one 4-bit group of the same codebook."""
+        kernel's ``"lut"`` decoder reads, or None unless both streams are one 3- or 4-bit group of the same
+        codebook."""
         tables = (*self.key_tables, *self.value_tables)
-        if len(tables) != 2 or any(g.bits != 4 for g in (*self.key_groups, *self.value_groups)):
+        if len(tables) != 2 or any(g.bits not in (3, 4) for g in (*self.key_groups, *self.value_groups)):
             return None
         key, value = (host_codebook(t) for t in tables)
         return pair_lut_table(tables[0]) if torch.equal(key, value) else None

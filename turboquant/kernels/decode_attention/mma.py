@@ -145,9 +145,9 @@ def mma_split_kernel(
     :func:`.kernel.decode_split_kernel` does. ``STAGES``, the loads' pipeline (Triton does not pipeline loads whose
     consumer is inline assembly, so the kernel does): 1, each tile loaded where it is decoded; 2, the next tile's
     loads issued before this tile is decoded (a register double buffer). ``DECODER``: ``"prmt"``, byte-permute
-    lookups in registers (``*_tables``), or ``"lut"`` (4-bit keys and values of one codebook): two codes per load from
-    a shared-memory copy of ``pair_table_ptr`` (``_decode.pair_lut_table``, 256 int32; unread by ``"prmt"``), one copy
-    per lane so that no two lanes' lookups share a bank."""
+    lookups in registers (``*_tables``), or ``"lut"`` (3- or 4-bit keys and values of one codebook): two codes per
+    load from shared-memory copies of ``pair_table_ptr`` (``_decode.pair_lut_table``, 256 int32; unread by
+    ``"prmt"``), a copy per two lanes so that at most two lanes' lookups share a bank."""
     SPLIT: gl.constexpr = KEY_BITS == SPLIT_43
     b = gl.program_id(0).to(gl.int64)
     kv_head = gl.program_id(1)
@@ -300,12 +300,12 @@ MMA_DECODERS = ("auto", "prmt", "lut")
 
 def resolve_mma_decoder(decoder: str, cache_format: CacheFormat) -> str:
     """The register-operand kernel's decoder: ``"prmt"`` (byte-permute lookups in registers, every layout the kernel
-    reads; ``"auto"``) or ``"lut"`` (two codes per load from a per-lane shared-memory table: 4-bit keys and values of
+    reads; ``"auto"``) or ``"lut"`` (two codes per load from a shared-memory table: 3- or 4-bit keys and values of
     one channel group and one codebook). ValueError naming the reason otherwise."""
     if decoder not in MMA_DECODERS:
         raise ValueError(f"the register-operand kernel's decoder must be one of {MMA_DECODERS}, got {decoder!r}")
-    if decoder == "lut" and (cache_format.mma_bits != (4, 4) or cache_format.mma_pair_table is None):
-        raise ValueError("decoder='lut' reads 4-bit keys and values of one channel group sharing one codebook; "
+    if decoder == "lut" and cache_format.mma_pair_table is None:
+        raise ValueError("decoder='lut' reads 3- or 4-bit keys and values of one channel group sharing one codebook; "
                          f"this cache is {cache_format.mma_bits} bits, or its streams' codebooks differ")
     return "prmt" if decoder == "auto" else decoder
 
