@@ -301,6 +301,8 @@ PAIR_LUT_SYMBOL = "tq_pair_lut"
 PAIR_LUT_ENTRIES = 256  # one per byte of two 4-bit codes
 PAIR_LUT_COPIES = 16  # copies of the table in shared memory; lanes l and l + 16 share copy l mod 16
 PAIR_LUT_BYTES = PAIR_LUT_ENTRIES * PAIR_LUT_COPIES * 4  # int32 entries: 16 KB of shared memory
+SPLIT_LUT_ENTRIES = PAIR_LUT_ENTRIES + 128  # a split stream's: the outlier codebook's 256, then the 3-bit one's
+SPLIT_LUT_BYTES = SPLIT_LUT_ENTRIES * PAIR_LUT_COPIES * 4  # 24 KB
 _ENTRY_SHIFT = (4 * PAIR_LUT_COPIES).bit_length() - 1  # byte offset of entry e, copy c: (e << _ENTRY_SHIFT) + 4 c
 
 
@@ -319,18 +321,38 @@ def pair_lut_table(table: torch.Tensor) -> torch.Tensor:
     return torch.where(pairs >= 1 << 31, pairs - (1 << 32), pairs).to(torch.int32).to(table.device)
 
 
-def _pair_lut_fill_lines() -> list[str]:
-    """Lines of :data:`PAIR_LUT_FILL`: lane l holds entries 8l .. 8l + 7 ($8 .. $15) and writes each to all
+def split_pair_lut_table(outlier_table: torch.Tensor, table3: torch.Tensor) -> torch.Tensor:
+    """int32 (384,): the table a split stream's ``"lut"`` programs read (:data:`PAIR_LUT_MIXED`,
+    :data:`PAIR_LUT3_SPLIT`): :func:`pair_lut_table` of the 4-bit outlier codebook, then entries 0..127 of the 3-bit
+    codebook's (a 3-bit pair's byte a | b << 4 has bit 7 clear), read at 256 + byte."""
+    if host_codebook(outlier_table).numel() != 16 or host_codebook(table3).numel() != 8:
+        raise ValueError("a split stream's pair table joins a 4-bit outlier codebook and a 3-bit one")
+    return torch.cat([pair_lut_table(outlier_table), pair_lut_table(table3)[:SPLIT_LUT_ENTRIES - PAIR_LUT_ENTRIES]])
+
+
+def _pair_lut_fill_lines(spans: tuple[tuple[int, int], ...], n_values: int) -> list[str]:
+    """Lines of :data:`PAIR_LUT_FILL` (``n_values`` inputs per lane, after as many outputs). Per span (first entry,
+    entries per lane) lane l holds the entries first + n l + i (its next n inputs) and writes each to all
     :data:`PAIR_LUT_COPIES` copies (word ``copies * e + c`` of the table), 4 copies per 16-byte store, the lanes
     rotating over the groups of 4 so that one store instruction spreads over the banks; then ``bar.warp.sync``
-    (which orders the writes before any lane's lookups)."""
+    (which orders the writes before any lane's lookups). The inputs are copied to the outputs, so that the statement
+    has some."""
     groups, entry_bytes = PAIR_LUT_COPIES // 4, 4 * PAIR_LUT_COPIES
-    lines = ["mov.u32 l, %laneid;", f"mov.u32 row, {PAIR_LUT_SYMBOL};", f"mad.lo.u32 row, l, {8 * entry_bytes}, row;"]
-    for j in range(groups):
-        lines += [f"add.u32 r, l, {j};", f"and.b32 r, r, {groups - 1};", "mad.lo.u32 r, r, 16, row;"]
-        lines += [f"st.shared.v4.b32 [r+{entry_bytes * i}], {{${8 + i}, ${8 + i}, ${8 + i}, ${8 + i}}};"
-                  for i in range(8)]
-    return lines + ["bar.warp.sync -1;"] + [f"mov.b32 ${i}, ${8 + i};" for i in range(8)]
+    lines, value = ["mov.u32 l, %laneid;"], n_values
+    for first, per_lane in spans:
+        lines += [f"mov.u32 row, {PAIR_LUT_SYMBOL};", f"add.u32 row, row, {first * entry_bytes};",
+                  f"mad.lo.u32 row, l, {per_lane * entry_bytes}, row;"]
+        for j in range(groups):
+            lines += [f"add.u32 r, l, {j};", f"and.b32 r, r, {groups - 1};", "mad.lo.u32 r, r, 16, row;"]
+            lines += [f"st.shared.v4.b32 [r+{entry_bytes * i}], {{${value + i}, ${value + i}, ${value + i}, "
+                      f"${value + i}}};" for i in range(per_lane)]
+        value += per_lane
+    return lines + ["bar.warp.sync -1;"] + [f"mov.b32 ${i}, ${n_values + i};" for i in range(n_values)]
+
+
+def _pair_lut_fill(entries: int, spans: tuple[tuple[int, int], ...], n_values: int) -> str:
+    return (f".shared .align 16 .b8 {PAIR_LUT_SYMBOL}[{entries * PAIR_LUT_COPIES * 4}];\n"
+            + "{\n.reg .b32 l, row, r;\n" + "\n".join(_pair_lut_fill_lines(spans, n_values)) + "\n}")
 
 
 # One invocation per lane (``pack=8``, the lane's 8 entries of pair_lut_table in $8..$15, copied to $0..$7 so that the
@@ -338,30 +360,50 @@ def _pair_lut_fill_lines() -> list[str]:
 # may declare it, once per kernel) and fills it. Lane l reads copy c = l mod 16 of entry e, word 16 e + c, in bank
 # c + 16 (e mod 2): two lanes of one load share a bank only as the pair (l, l + 16), so a load takes at most two
 # shared-memory wavefronts, whatever codes the lanes hold.
-PAIR_LUT_FILL = tl.constexpr(f".shared .align 16 .b8 {PAIR_LUT_SYMBOL}[{PAIR_LUT_BYTES}];\n"
-                             + "{\n.reg .b32 l, row, r;\n" + "\n".join(_pair_lut_fill_lines()) + "\n}")
+PAIR_LUT_FILL = tl.constexpr(_pair_lut_fill(PAIR_LUT_ENTRIES, ((0, 8),), 8))
+# The same for a split stream's 384 entries (split_pair_lut_table; ``pack=16``): lane l's 8 entries 8l + i in
+# $16..$23, its 4 entries 256 + 4l + i in $24..$27 ($28..$31 unread).
+PAIR_LUT_FILL_SPLIT = tl.constexpr(_pair_lut_fill(SPLIT_LUT_ENTRIES, ((0, 8), (PAIR_LUT_ENTRIES, 4)), 16))
 PAIR_LUT_FILL_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
+PAIR_LUT_FILL_SPLIT_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 16 + ["r"] * 16))
 
 
-def _pair_lut_lines(a: str, b: str) -> list[str]:
-    """Lines of :data:`PAIR_LUT4` for the words ``a`` and ``b`` of 8 nibble codes each. Their nibbles are interleaved
-    into bytes (x_e: bytes (a_2k, b_2k), x_o: (a_2k+1, b_2k+1); one mask-merge each after a shift), then each byte e
-    addresses one ``ld.shared`` of this lane's copy (byte offset ``(e << _ENTRY_SHIFT) + 4 (lane mod copies)``) and
-    writes output 2k (x_e) or 2k + 1 (x_o): per 16 codes 2 + 8 logic ops, 2 + 8 shifts written as integer
-    multiplies (``IMAD``, the FMA pipe) and 8 loads, no sign or interleave step (the entries hold signed fp16
-    pairs)."""
-    lines = ["mov.u32 l, %laneid;", f"and.b32 l, l, {PAIR_LUT_COPIES - 1};", "shl.b32 l, l, 2;",
-             f"mov.u32 base, {PAIR_LUT_SYMBOL};", f"mul.lo.u32 t, {b}, 16;", "and.b32 t, t, 0xF0F0F0F0;",
-             f"and.b32 xe, {a}, 0x0F0F0F0F;", "or.b32 xe, xe, t;", f"mul.hi.u32 t, {a}, 0x10000000;",
-             "and.b32 t, t, 0x0F0F0F0F;", f"and.b32 xo, {b}, 0xF0F0F0F0;", "or.b32 xo, xo, t;"]
+def _lane_offset_lines(first_entry: int = 0) -> list[str]:
+    """PTX lines setting ``l`` to this lane's byte offset in the table, ``4 (lane mod copies)``, plus entry
+    ``first_entry``'s, and ``base`` to the table's address."""
+    return (["mov.u32 l, %laneid;", f"and.b32 l, l, {PAIR_LUT_COPIES - 1};", "shl.b32 l, l, 2;"]
+            + ([f"or.b32 l, l, {first_entry << _ENTRY_SHIFT};"] if first_entry else [])
+            + [f"mov.u32 base, {PAIR_LUT_SYMBOL};"])
+
+
+def _byte_lookup_lines(source: str, k: int, offset: str, out: str) -> list[str]:
+    """PTX lines loading into ``out`` the entry of byte k of ``source`` (byte offset ``(byte << _ENTRY_SHIFT) +
+    offset``): the byte moved to bit _ENTRY_SHIFT, x << s or x >> (8k - s) as the high word of x * 2^(32 + s - 8k), an
+    integer multiply (which runs beside the logic ops rather than among them), then one mask-merge and the load."""
+    shift = (f"mul.lo.u32 a, {source}, {1 << _ENTRY_SHIFT};" if k == 0
+             else f"mul.hi.u32 a, {source}, {1 << (32 + _ENTRY_SHIFT - 8 * k)};")
+    return [shift, f"and.b32 a, a, {255 << _ENTRY_SHIFT};", f"or.b32 a, a, {offset};", "add.u32 a, a, base;",
+            f"ld.shared.b32 {out}, [a];"]
+
+
+def _nibble_interleave_lines(a: str, b: str, even: str, odd: str) -> list[str]:
+    """PTX lines interleaving the nibbles of ``a`` and ``b`` into bytes: byte k of ``even`` is a_2k | b_2k << 4, of
+    ``odd`` a_2k+1 | b_2k+1 << 4 (one mask-merge each after a shift). Uses the scratch register ``t``."""
+    return [f"mul.lo.u32 t, {b}, 16;", "and.b32 t, t, 0xF0F0F0F0;", f"and.b32 {even}, {a}, 0x0F0F0F0F;",
+            f"or.b32 {even}, {even}, t;", f"mul.hi.u32 t, {a}, 0x10000000;", "and.b32 t, t, 0x0F0F0F0F;",
+            f"and.b32 {odd}, {b}, 0xF0F0F0F0;", f"or.b32 {odd}, {odd}, t;"]
+
+
+def _pair_lut_lines(a: str, b: str, first_entry: int = 0) -> list[str]:
+    """Lines of :data:`PAIR_LUT4` for the words ``a`` and ``b`` of 8 nibble codes each, the entries read from
+    ``first_entry`` on. Their nibbles are interleaved into bytes (x_e, x_o: :func:`_nibble_interleave_lines`), then
+    each byte addresses one ``ld.shared`` of this lane's copy (:func:`_byte_lookup_lines`) and writes output 2k (x_e)
+    or 2k + 1 (x_o): per 16 codes 2 + 8 logic ops, 2 + 8 shifts written as integer multiplies (``IMAD``, the FMA
+    pipe) and 8 loads, no sign or interleave step (the entries hold signed fp16 pairs)."""
+    lines = _lane_offset_lines(first_entry) + _nibble_interleave_lines(a, b, "xe", "xo")
     for source, first in (("xe", 0), ("xo", 1)):
         for k in range(4):  # byte k of the source holds code 2k + first of A (low nibble) and of B (high nibble)
-            # byte k moved to bit _ENTRY_SHIFT: x << s, or x >> (8k - s) as the high word of x * 2^(32 + s - 8k):
-            # integer multiplies, which run beside the logic ops rather than among them
-            shift = (f"mul.lo.u32 a, {{}}, {1 << _ENTRY_SHIFT};" if k == 0
-                     else f"mul.hi.u32 a, {{}}, {1 << (32 + _ENTRY_SHIFT - 8 * k)};")
-            lines += [shift.format(source), f"and.b32 a, a, {255 << _ENTRY_SHIFT};", "or.b32 a, a, l;",
-                      "add.u32 a, a, base;", f"ld.shared.b32 ${first + 2 * k}, [a];"]
+            lines += _byte_lookup_lines(source, k, "l", f"${first + 2 * k}")
     return lines
 
 
@@ -373,6 +415,36 @@ PAIR_LUT4 = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a;\n" + "\n".join(_pa
 # spread to nibbles first (_spread3_lines), as PRMT_PAIR3 writes its outputs; the table of an 8-entry codebook.
 PAIR_LUT3 = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a, na, nb;\n" + "\n".join(
     _spread3_lines("$8", "na") + _spread3_lines("$9", "nb") + _pair_lut_lines("na", "nb")) + "\n}")
+# PAIR_LUT3 for the plain 3-bit slots of a split stream: the 3-bit entries of split_pair_lut_table, from 256 on.
+PAIR_LUT3_SPLIT = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a, na, nb;\n" + "\n".join(
+    _spread3_lines("$8", "na") + _spread3_lines("$9", "nb") + _pair_lut_lines("na", "nb", PAIR_LUT_ENTRIES)) + "\n}")
+
+
+def _pair_lut_mixed_lines() -> list[str]:
+    """Lines of :data:`PAIR_LUT_MIXED`. The 4-bit codes 0-3 of A and B (bits 0-15) interleaved into bytes as in
+    :func:`_pair_lut_lines` (bytes 0-1 of x_e, x_o) and looked up in the outlier entries; the 3-bit halves joined
+    (A's 12 bits at bit 0, B's at bit 16, the bits above masked away), spread to nibbles and interleaved into the
+    bytes (a_c | b_c << 4) as :func:`_pair_mixed_lines` builds its selectors, then looked up in the 3-bit entries
+    (from 256 on: the offset ``l3``)."""
+    lines = _lane_offset_lines() + [f"or.b32 l3, l, {PAIR_LUT_ENTRIES << _ENTRY_SHIFT};"]
+    lines += _nibble_interleave_lines("$8", "$9", "xe", "xo")
+    for source, first in (("xe", 0), ("xo", 1)):
+        for k in range(2):
+            lines += _byte_lookup_lines(source, k, "l", f"${first + 2 * k}")
+    lines += ["prmt.b32 y, $8, $9, 0x7632;", "and.b32 y, y, 0x0FFF0FFF;", *_spread_halves_lines("y"),
+              "mul.hi.u32 t, y, 0x100000;", "and.b32 t, t, 0xF0F0;", "and.b32 xe, y, 0x0F0F;", "or.b32 xe, xe, t;",
+              "mul.hi.u32 t, y, 0x10000000;", "and.b32 xo, t, 0x0F0F;", "mul.hi.u32 t, y, 0x10000;",
+              "and.b32 t, t, 0xF0F0;", "or.b32 xo, xo, t;"]
+    for source, first in (("xe", 4), ("xo", 5)):
+        for k in range(2):
+            lines += _byte_lookup_lines(source, k, "l3", f"${first + 2 * k}")
+    return lines
+
+
+# One invocation (``pack=2``): two mixed slots A ($8) and B ($9) of a split stream -> $c = the fp16 pair (code c of A,
+# code c of B) as PRMT_PAIR_MIXED writes it, from the table of split_pair_lut_table (PAIR_LUT_FILL_SPLIT).
+PAIR_LUT_MIXED = tl.constexpr("{\n.reg .b32 l, l3, base, xe, xo, t, a, y;\n" + "\n".join(_pair_lut_mixed_lines())
+                              + "\n}")
 PAIR_LUT_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 2))
 
 
