@@ -154,7 +154,8 @@ def decode_attention_groups_triton(
             codebook), ``"prmt"`` (byte-permute lookups for 3- and 4-bit groups in inline PTX: GPU only), or
             ``"auto"`` (``"prmt"`` on CUDA for symmetric codebooks, else ``"table"``: ``_decode.resolve_decoder``).
             The register-operand kernel takes ``"prmt"`` (its ``"auto"``) or ``"lut"`` (two codes per load from a
-            per-lane table in shared memory: 4-bit keys and values of one codebook; :func:`.mma.resolve_mma_decoder`).
+            pair table in shared memory, a copy per two lanes: keys and values of one layout, 3 or 4 bits or the
+            3.5-bit split, with the same codebooks; :func:`.mma.resolve_mma_decoder`).
         inner: the multiply of the inner loop: ``"dot"`` (tensor cores, the GQA group padded to 16 rows) or
             ``"fma"`` (CUDA-core FMAs over the group's own rows; decode is a matrix-vector product per head).
         kernel: the split kernel: ``"tiles"`` (:mod:`.kernel`, every layout; ``decoder`` / ``inner`` / ``lookup``
