@@ -37,14 +37,8 @@ cp /tmp/kr/kernels/kernels.md /tmp/kr/kernels/results.csv "$OUT/" 2>/dev/null
 mkdir -p "$OUT/runs" && cp /tmp/kr/kernels/runs/*.json "$OUT/runs/" 2>/dev/null
 grep -E "^\| |FAILED" "$OUT/log.txt" | grep -v "^| op \|^|---" | cut -c1-200 | tail -40
 if [ -n "${NCU:-}" ]; then
-  stalls=""  # stall cycles per issued instruction, by reason (what WarpStateStats summarises in one number)
-  for r in short_scoreboard long_scoreboard mio_throttle math_pipe_throttle wait not_selected selected dispatch_stall \
-           lg_throttle barrier no_instruction branch_resolving; do
-    stalls="$stalls,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
-  done
-  timeout "${NCU_SECONDS:-180}" ncu --clock-control none -k regex:"quantize|mma_" --section SpeedOfLight \
-    --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
-    --metrics "${stalls:1}" python3 -m benchmarks.ncu_quantize_decode > "$OUT/ncu_kernels.txt" 2>&1
+  source scripts/ncu_args.sh
+  timeout "${NCU_SECONDS:-180}" ncu "${NCU_ARGS[@]}" -k regex:"quantize|mma_" \
+    python3 -m benchmarks.ncu_quantize_decode > "$OUT/ncu_kernels.txt" 2>&1
   echo "ncu: exit $?"
 fi

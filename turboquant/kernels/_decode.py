@@ -230,6 +230,33 @@ def _spread_halves_lines(x: str) -> list[str]:
             f"and.b32 t, {x}, 0x38383838;", f"add.u32 {x}, {x}, t;"]
 
 
+def _shr_line(x: str, n: int, multiply: bool) -> str:
+    """The PTX line ``t = x >> n``: ``shr`` (the ALU pipe), or with ``multiply`` the high word of ``x * 2^(32 - n)``
+    (``IMAD``, the FMA pipe, which runs beside the logic ops rather than among them)."""
+    return f"mul.hi.u32 t, {x}, {1 << (32 - n)};" if multiply else f"shr.u32 t, {x}, {n};"
+
+
+def _nibble_interleave_lines(a: str, b: str, even: str, odd: str, multiply: bool) -> list[str]:
+    """PTX lines interleaving the nibbles of ``a`` and ``b``: byte k of ``even`` is a_2k | b_2k << 4, of ``odd``
+    a_2k+1 | b_2k+1 << 4 (one mask-merge each after a shift; the shifts as :func:`_shr_line`). Uses the scratch
+    register ``t``."""
+    shl = f"mul.lo.u32 t, {b}, 16;" if multiply else f"shl.b32 t, {b}, 4;"
+    return [shl, f"and.b32 {even}, {a}, 0x0F0F0F0F;", "and.b32 t, t, 0xF0F0F0F0;", f"or.b32 {even}, {even}, t;",
+            _shr_line(a, 4, multiply), f"and.b32 {odd}, t, 0x0F0F0F0F;", f"and.b32 t, {b}, 0xF0F0F0F0;",
+            f"or.b32 {odd}, {odd}, t;"]
+
+
+def _mixed_three_bit_lines(x: str, even: str, odd: str, multiply: bool) -> list[str]:
+    """PTX lines taking the 3-bit halves of two mixed slots $8 and $9 (bits 16-27) into ``x`` (A's 12 bits at bit 0,
+    B's at bit 16, the bits above masked away), spreading them to nibbles (a0 a1 a2 a3 b0 b1 b2 b3) and interleaving
+    them into bytes: ``even`` holds a0 | b0 << 4 and a2 | b2 << 4, ``odd`` a1 | b1 << 4 and a3 | b3 << 4 (the shifts
+    as :func:`_shr_line`). Uses the scratch register ``t``."""
+    return ["prmt.b32 {}, $8, $9, 0x7632;".format(x), f"and.b32 {x}, {x}, 0x0FFF0FFF;", *_spread_halves_lines(x),
+            _shr_line(x, 12, multiply), "and.b32 t, t, 0xF0F0;", f"and.b32 {even}, {x}, 0x0F0F;",
+            f"or.b32 {even}, {even}, t;", _shr_line(x, 4, multiply), f"and.b32 {odd}, t, 0x0F0F;",
+            _shr_line(x, 16, multiply), "and.b32 t, t, 0xF0F0;", f"or.b32 {odd}, {odd}, t;"]
+
+
 def _selector_lookup_lines(selector: str, first: str, second: str, tables: tuple[str, ...]) -> list[str]:
     """Lines that look up the 4 nibbles of ``selector`` (x0 y0 x1 y1: code k of two words X and Y, twice) in the
     8-entry byte tables ``tables`` (low bytes of entries 0-3, of 4-7, high bytes of each) and write the fp16 pairs
@@ -386,21 +413,13 @@ def _byte_lookup_lines(source: str, k: int, offset: str, out: str) -> list[str]:
             f"ld.shared.b32 {out}, [a];"]
 
 
-def _nibble_interleave_lines(a: str, b: str, even: str, odd: str) -> list[str]:
-    """PTX lines interleaving the nibbles of ``a`` and ``b`` into bytes: byte k of ``even`` is a_2k | b_2k << 4, of
-    ``odd`` a_2k+1 | b_2k+1 << 4 (one mask-merge each after a shift). Uses the scratch register ``t``."""
-    return [f"mul.lo.u32 t, {b}, 16;", "and.b32 t, t, 0xF0F0F0F0;", f"and.b32 {even}, {a}, 0x0F0F0F0F;",
-            f"or.b32 {even}, {even}, t;", f"mul.hi.u32 t, {a}, 0x10000000;", "and.b32 t, t, 0x0F0F0F0F;",
-            f"and.b32 {odd}, {b}, 0xF0F0F0F0;", f"or.b32 {odd}, {odd}, t;"]
-
-
 def _pair_lut_lines(a: str, b: str, first_entry: int = 0) -> list[str]:
     """Lines of :data:`PAIR_LUT4` for the words ``a`` and ``b`` of 8 nibble codes each, the entries read from
     ``first_entry`` on. Their nibbles are interleaved into bytes (x_e, x_o: :func:`_nibble_interleave_lines`), then
     each byte addresses one ``ld.shared`` of this lane's copy (:func:`_byte_lookup_lines`) and writes output 2k (x_e)
     or 2k + 1 (x_o): per 16 codes 2 + 8 logic ops, 2 + 8 shifts written as integer multiplies (``IMAD``, the FMA
     pipe) and 8 loads, no sign or interleave step (the entries hold signed fp16 pairs)."""
-    lines = _lane_offset_lines(first_entry) + _nibble_interleave_lines(a, b, "xe", "xo")
+    lines = _lane_offset_lines(first_entry) + _nibble_interleave_lines(a, b, "xe", "xo", multiply=True)
     for source, first in (("xe", 0), ("xo", 1)):
         for k in range(4):  # byte k of the source holds code 2k + first of A (low nibble) and of B (high nibble)
             lines += _byte_lookup_lines(source, k, "l", f"${first + 2 * k}")
@@ -413,28 +432,27 @@ def _pair_lut_lines(a: str, b: str, first_entry: int = 0) -> list[str]:
 PAIR_LUT4 = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a;\n" + "\n".join(_pair_lut_lines("$8", "$9")) + "\n}")
 # The same for two 24-bit group words A ($8) and B ($9) of 8 3-bit codes (code k at bit 3k; bits 24-31 ignored),
 # spread to nibbles first (_spread3_lines), as PRMT_PAIR3 writes its outputs; the table of an 8-entry codebook.
-PAIR_LUT3 = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a, na, nb;\n" + "\n".join(
-    _spread3_lines("$8", "na") + _spread3_lines("$9", "nb") + _pair_lut_lines("na", "nb")) + "\n}")
+def _pair_lut3(first_entry: int) -> str:
+    return ("{\n.reg .b32 l, base, xe, xo, t, a, na, nb;\n" + "\n".join(
+        _spread3_lines("$8", "na") + _spread3_lines("$9", "nb") + _pair_lut_lines("na", "nb", first_entry)) + "\n}")
+
+
+PAIR_LUT3 = tl.constexpr(_pair_lut3(0))
 # PAIR_LUT3 for the plain 3-bit slots of a split stream: the 3-bit entries of split_pair_lut_table, from 256 on.
-PAIR_LUT3_SPLIT = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a, na, nb;\n" + "\n".join(
-    _spread3_lines("$8", "na") + _spread3_lines("$9", "nb") + _pair_lut_lines("na", "nb", PAIR_LUT_ENTRIES)) + "\n}")
+PAIR_LUT3_SPLIT = tl.constexpr(_pair_lut3(PAIR_LUT_ENTRIES))
 
 
 def _pair_lut_mixed_lines() -> list[str]:
     """Lines of :data:`PAIR_LUT_MIXED`. The 4-bit codes 0-3 of A and B (bits 0-15) interleaved into bytes as in
-    :func:`_pair_lut_lines` (bytes 0-1 of x_e, x_o) and looked up in the outlier entries; the 3-bit halves joined
-    (A's 12 bits at bit 0, B's at bit 16, the bits above masked away), spread to nibbles and interleaved into the
-    bytes (a_c | b_c << 4) as :func:`_pair_mixed_lines` builds its selectors, then looked up in the 3-bit entries
-    (from 256 on: the offset ``l3``)."""
+    :func:`_pair_lut_lines` (bytes 0-1 of x_e, x_o) and looked up in the outlier entries; the 3-bit halves
+    interleaved into the bytes (a_c | b_c << 4) by :func:`_mixed_three_bit_lines` (as :data:`PRMT_PAIR_MIXED` builds
+    its selectors) and looked up in the 3-bit entries (from 256 on: the offset ``l3``)."""
     lines = _lane_offset_lines() + [f"or.b32 l3, l, {PAIR_LUT_ENTRIES << _ENTRY_SHIFT};"]
-    lines += _nibble_interleave_lines("$8", "$9", "xe", "xo")
+    lines += _nibble_interleave_lines("$8", "$9", "xe", "xo", multiply=True)
     for source, first in (("xe", 0), ("xo", 1)):
         for k in range(2):
             lines += _byte_lookup_lines(source, k, "l", f"${first + 2 * k}")
-    lines += ["prmt.b32 y, $8, $9, 0x7632;", "and.b32 y, y, 0x0FFF0FFF;", *_spread_halves_lines("y"),
-              "mul.hi.u32 t, y, 0x100000;", "and.b32 t, t, 0xF0F0;", "and.b32 xe, y, 0x0F0F;", "or.b32 xe, xe, t;",
-              "mul.hi.u32 t, y, 0x10000000;", "and.b32 xo, t, 0x0F0F;", "mul.hi.u32 t, y, 0x10000;",
-              "and.b32 t, t, 0xF0F0;", "or.b32 xo, xo, t;"]
+    lines += _mixed_three_bit_lines("y", "xe", "xo", multiply=True)
     for source, first in (("xe", 4), ("xo", 5)):
         for k in range(2):
             lines += _byte_lookup_lines(source, k, "l3", f"${first + 2 * k}")
@@ -454,8 +472,7 @@ def _pair3_lines() -> list[str]:
     (:func:`_selector_lookup_lines`)."""
     tables = ("$10", "$12", "$14", "$16")
     lines = _spread3_lines("$8", "na") + _spread3_lines("$9", "nb")
-    lines += ["shl.b32 t, nb, 4;", "and.b32 se, na, 0x0F0F0F0F;", "and.b32 t, t, 0xF0F0F0F0;", "or.b32 se, se, t;",
-              "shr.u32 t, na, 4;", "and.b32 so, t, 0x0F0F0F0F;", "and.b32 t, nb, 0xF0F0F0F0;", "or.b32 so, so, t;"]
+    lines += _nibble_interleave_lines("na", "nb", "se", "so", multiply=False)
     for selector, first in (("se", 0), ("so", 1)):  # codes 2i + first
         lines += _selector_lookup_lines(selector, f"${first}", f"${first + 2}", tables)
         lines += [f"shr.u32 s, {selector}, 16;", *_selector_lookup_lines("s", f"${first + 4}", f"${first + 6}", tables)]
@@ -478,10 +495,7 @@ def _pair_mixed_lines() -> list[str]:
     field are masked away, so a slot's bits 28-31 may hold anything."""
     four = _with_tables(["prmt.b32 x, $8, $9, 0x5410;", *_nibble_pair_lines("x", ["$0", "$1", "$2", "$3"])],
                         ("$10", "$12", "$14", "$16"))
-    three = ["prmt.b32 x, $8, $9, 0x7632;", "and.b32 x, x, 0x0FFF0FFF;", *_spread_halves_lines("x"),
-             "shr.u32 t, x, 12;", "and.b32 t, t, 0xF0F0;", "and.b32 se, x, 0x0F0F;", "or.b32 se, se, t;",
-             "shr.u32 t, x, 4;", "and.b32 so, t, 0x0F0F;", "shr.u32 t, x, 16;", "and.b32 t, t, 0xF0F0;",
-             "or.b32 so, so, t;"]
+    three = _mixed_three_bit_lines("x", "se", "so", multiply=False)
     tables3 = ("$18", "$20", "$22", "$24")
     return (four + three + _selector_lookup_lines("se", "$4", "$6", tables3)
             + _selector_lookup_lines("so", "$5", "$7", tables3))
