@@ -174,13 +174,9 @@ def _session5_calls(ops: list[str]):
                 decode_attention_triton(torch.randn(1, 32, dim, generator=gen), k_codes, norms, v_codes, norms,
                                         torch.tensor([64], dtype=torch.int32), k_centroids=k_cb, v_centroids=v_cb,
                                         k_bits=k_bits, v_bits=v_bits, rotation=rot, num_splits=1, kernel="mma")
-            label["now"] = "decode K3V3 mma bn32 prefetch lut"
-            decode_attention_triton(torch.randn(1, 32, dim, generator=gen), codes3, norms, codes3, norms,
-                                    torch.tensor([64], dtype=torch.int32), k_centroids=cb3, v_centroids=cb3, k_bits=3,
-                                    v_bits=3, rotation=rot, num_splits=1, kernel="mma", decoder="lut")
             label["now"] = "scores b=3 mma"
             mse_scores_triton(torch.randn(8, 4, dim, generator=gen), codes3[0], norms[0], cb3, 3, kernel="mma")
-            # 32 outlier channels at 4 bits + 96 at 3
+            label["now"] = "decode 3.5-bit split mma bn32 prefetch"  # 32 outlier channels at 4 bits + 96 at 3
             split = [(32, 4), (dim - 32, 3)]
             streams = [[ChannelGroup(m, b, tq.make_rotation("haar", m, seed=seed + i).matrix(),
                                      tq.lloyd_max_codebook(m, b).centroids_tensor()) for i, (m, b) in enumerate(split)]
@@ -189,11 +185,9 @@ def _session5_calls(ops: list[str]):
             fields = [[g.packed(tq.pack_codes(torch.randint(0, 2 ** g.bits, (*lead, g.dim), generator=gen), g.bits),
                                 norms) for g in groups] for groups in (split_format.key_groups,
                                                                         split_format.value_groups)]
-            for decoder in ("prmt", "lut"):
-                label["now"] = "decode 3.5-bit split mma bn32 prefetch" + (" lut" if decoder == "lut" else "")
-                decode_attention_groups_triton(torch.randn(1, 32, dim, generator=gen), *fields,
-                                               torch.tensor([64], dtype=torch.int32), split_format, num_splits=1,
-                                               kernel="mma", decoder=decoder)
+            decode_attention_groups_triton(torch.randn(1, 32, dim, generator=gen), *fields,
+                                           torch.tensor([64], dtype=torch.int32), split_format, num_splits=1,
+                                           kernel="mma")
         for bits in (4, 3) if {"decode", "scores"} & set(ops) else ():
             cb = tq.lloyd_max_codebook(dim, bits).centroids_tensor()
             lead = (1, 8, 64)

@@ -31,15 +31,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ._decode import (
-    PAIR_LUT3,
-    PAIR_LUT3_SPLIT,
     PAIR_LUT4,
-    PAIR_LUT_CONSTRAINTS,
+    PAIR_LUT4_CONSTRAINTS,
     PAIR_LUT_FILL,
     PAIR_LUT_FILL_CONSTRAINTS,
-    PAIR_LUT_FILL_SPLIT,
-    PAIR_LUT_FILL_SPLIT_CONSTRAINTS,
-    PAIR_LUT_MIXED,
     PRMT_PAIR3,
     PRMT_PAIR3_CONSTRAINTS,
     PRMT_PAIR4,
@@ -327,43 +322,27 @@ def split_value_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride
 
 
 LUT_ENTRIES = gl.constexpr(gl.BlockedLayout([1, 8], [32, 1], [1, 1], [1, 0]))  # lane l: entries 8l .. 8l + 7
-SPLIT_LUT_ENTRIES = gl.constexpr(gl.BlockedLayout([1, 16], [32, 1], [1, 1], [1, 0]))  # PAIR_LUT_FILL_SPLIT's 16
 
 
 @gluon.jit
-def fill_pair_lut(pair_table_ptr, SPLIT: gl.constexpr):
-    """Copy the pair table at ``pair_table_ptr`` (``_decode.pair_lut_table``, 256 int32, or for a ``SPLIT`` stream
-    ``_decode.split_pair_lut_table``, 384) into the shared table the ``"lut"`` decoder reads, a copy per two lanes
-    (:data:`~turboquant.kernels._decode.PAIR_LUT_FILL`); once per program, before any lookup."""
-    if SPLIT:
-        lane = gl.arange(0, 32, layout=gl.SliceLayout(1, SPLIT_LUT_ENTRIES))[:, None]
-        i = gl.arange(0, 16, layout=gl.SliceLayout(0, SPLIT_LUT_ENTRIES))[None, :]
-        entries = gl.where(i < 8, 8 * lane + i, 256 + 4 * lane + i - 8)
-        gl.inline_asm_elementwise(PAIR_LUT_FILL_SPLIT, PAIR_LUT_FILL_SPLIT_CONSTRAINTS,
-                                  [gl.load(pair_table_ptr + entries, mask=i < 12, other=0)], dtype=gl.int32,
-                                  is_pure=False, pack=16)
-    else:
-        entries = (gl.arange(0, 32, layout=gl.SliceLayout(1, LUT_ENTRIES))[:, None] * 8
-                   + gl.arange(0, 8, layout=gl.SliceLayout(0, LUT_ENTRIES))[None, :])
-        gl.inline_asm_elementwise(PAIR_LUT_FILL, PAIR_LUT_FILL_CONSTRAINTS, [gl.load(pair_table_ptr + entries)],
-                                  dtype=gl.int32, is_pure=False, pack=8)
+def fill_pair_lut(pair_table_ptr):
+    """Copy ``_decode.pair_lut_table`` (256 int32 at ``pair_table_ptr``) into the shared table the ``"lut"`` decoder
+    reads, one copy per lane (:data:`~turboquant.kernels._decode.PAIR_LUT_FILL`); once per program, before any
+    lookup."""
+    entries = (gl.arange(0, 32, layout=gl.SliceLayout(1, LUT_ENTRIES))[:, None] * 8
+               + gl.arange(0, 8, layout=gl.SliceLayout(0, LUT_ENTRIES))[None, :])
+    gl.inline_asm_elementwise(PAIR_LUT_FILL, PAIR_LUT_FILL_CONSTRAINTS, [gl.load(pair_table_ptr + entries)],
+                              dtype=gl.int32, is_pure=False, pack=8)
 
 
 @gluon.jit
-def _decode_pairs(words, tables, BITS: gl.constexpr, DECODER: gl.constexpr, SPLIT_TABLE: gl.constexpr):
+def _decode_pairs(words, tables, BITS: gl.constexpr, DECODER: gl.constexpr):
     """The 8 code planes of slot pairs (consecutive registers of ``words``): fp16 tensors of ``words``' shape.
     ``tables``: the byte tables (``_decode.prmt_byte_tables``) of the codebook, or for ``BITS == 43`` (mixed slots)
     of the outlier codebook then the 3-bit one. ``DECODER``: ``"prmt"`` (byte-permute lookups in registers) or, for
-    4-bit, 3-bit and mixed words, ``"lut"`` (two codes per load from the shared table of :func:`fill_pair_lut`;
-    ``tables`` unread; ``SPLIT_TABLE``: the table of a split stream, whose 3-bit entries start at 256)."""
+    4-bit words, ``"lut"`` (two codes per load from the shared table of :func:`fill_pair_lut`; ``tables`` unread)."""
     if DECODER == "lut":
-        if BITS == 4:
-            program: gl.constexpr = PAIR_LUT4
-        elif BITS == 3:
-            program: gl.constexpr = PAIR_LUT3_SPLIT if SPLIT_TABLE else PAIR_LUT3
-        else:
-            program: gl.constexpr = PAIR_LUT_MIXED
-        planes = gl.inline_asm_elementwise(program, PAIR_LUT_CONSTRAINTS, [words], dtype=(gl.float16,) * 8,
+        planes = gl.inline_asm_elementwise(PAIR_LUT4, PAIR_LUT4_CONSTRAINTS, [words], dtype=(gl.float16,) * 8,
                                            is_pure=True, pack=2)
     elif BITS == 4:
         planes = gl.inline_asm_elementwise(PRMT_PAIR4, PRMT_PAIR4_CONSTRAINTS,
@@ -382,14 +361,14 @@ def _decode_pairs(words, tables, BITS: gl.constexpr, DECODER: gl.constexpr, SPLI
 
 
 @gluon.jit
-def _split_key_planes(words, tables, BLOCK_N: gl.constexpr, DECODER: gl.constexpr):
+def _split_key_planes(words, tables, BLOCK_N: gl.constexpr):
     """The 8 code planes of split key slots (:func:`split_key_slots`), in ``words``' shape and layout: the mixed pairs
     (slots 4t, 4t + 1) and the 3-bit pairs (4t + 2, 4t + 3) are taken apart (a register axis), decoded by their
     programs and put back."""
     w = gl.permute(gl.reshape(words, (BLOCK_N, 4, 2, 2)), (0, 1, 3, 2))  # token, t, i0, i1
     mixed, three = gl.split(w)  # i1 = 0: the mixed pair; 1: the 3-bit pair
-    m = _decode_pairs(gl.reshape(mixed, (BLOCK_N, 8)), tables, SPLIT_43, DECODER, True)
-    h = _decode_pairs(gl.reshape(three, (BLOCK_N, 8)), (tables[4], tables[5], tables[6], tables[7]), 3, DECODER, True)
+    m = _decode_pairs(gl.reshape(mixed, (BLOCK_N, 8)), tables, SPLIT_43, "prmt")
+    h = _decode_pairs(gl.reshape(three, (BLOCK_N, 8)), (tables[4], tables[5], tables[6], tables[7]), 3, "prmt")
     return (_key_plane(m[0], h[0], BLOCK_N), _key_plane(m[1], h[1], BLOCK_N), _key_plane(m[2], h[2], BLOCK_N),
             _key_plane(m[3], h[3], BLOCK_N), _key_plane(m[4], h[4], BLOCK_N), _key_plane(m[5], h[5], BLOCK_N),
             _key_plane(m[6], h[6], BLOCK_N), _key_plane(m[7], h[7], BLOCK_N))
@@ -412,19 +391,17 @@ def _join_planes(v):
 def decoded_keys(words, tables, BLOCK_N: gl.constexpr, BITS: gl.constexpr, DECODER: gl.constexpr):
     """(BLOCK_N, 16) key slots -> (BLOCK_N, 128) fp16 in the A layout, columns in :func:`key_channel_order`
     (``DECODER``: :func:`_decode_pairs`)."""
-    x = gl.permute(gl.reshape(_join_planes(_decode_pairs(words, tables, BITS, DECODER, False)),
+    x = gl.permute(gl.reshape(_join_planes(_decode_pairs(words, tables, BITS, DECODER)),
                               (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)),
                    KEY_AXES.value)
     return gl.convert_layout(gl.reshape(x, (BLOCK_N, 128)), OPERAND_A, assert_trivial=True)
 
 
 @gluon.jit
-def decoded_split_keys(words, tables, BLOCK_N: gl.constexpr, DECODER: gl.constexpr):
+def decoded_split_keys(words, tables, BLOCK_N: gl.constexpr):
     """(BLOCK_N, 16) split key slots (:func:`split_key_slots`) -> the (BLOCK_N, 128) tile and its outlier columns
-    k < 32 (BLOCK_N, 32), both fp16 in the A layout (columns in the split :func:`key_channel_order`; ``DECODER``:
-    :func:`_decode_pairs`)."""
-    x = gl.permute(gl.reshape(_join_planes(_split_key_planes(words, tables, BLOCK_N, DECODER)),
-                              (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)),
+    k < 32 (BLOCK_N, 32), both fp16 in the A layout (columns in the split :func:`key_channel_order`)."""
+    x = gl.permute(gl.reshape(_join_planes(_split_key_planes(words, tables, BLOCK_N)), (BLOCK_N, 2, 2, 2, 2, 2, 2, 2)),
                    KEY_AXES.value)  # token, u1, c2, c1, c0, t1, t0, u0: k = u0 + 2t + 8c + 64 u1
     outliers, _ = gl.split(gl.permute(x, (0, 2, 3, 4, 5, 6, 7, 1)))  # u1 = 0
     outliers, _ = gl.split(gl.permute(outliers, (0, 2, 3, 4, 5, 6, 1)))  # c2 = 0: k < 32
@@ -445,7 +422,7 @@ def decoded_values(words, tables, BLOCK_N: gl.constexpr, BITS: gl.constexpr, DEC
     """(BLOCK_N, 16) value slots -> (128, BLOCK_N) fp16 in the A layout, rows in :func:`value_channel_order`
     (``DECODER``: :func:`_decode_pairs`)."""
     words = gl.convert_layout(words, value_words_layout(BLOCK_N, True), assert_trivial=True)
-    return _value_tile(_join_planes(_decode_pairs(words, tables, BITS, DECODER, False)), BLOCK_N)
+    return _value_tile(_join_planes(_decode_pairs(words, tables, BITS, DECODER)), BLOCK_N)
 
 
 @gluon.jit
@@ -455,15 +432,14 @@ def _value_plane(mixed, three, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def decoded_split_values(words, tables, BLOCK_N: gl.constexpr, DECODER: gl.constexpr):
+def decoded_split_values(words, tables, BLOCK_N: gl.constexpr):
     """(BLOCK_N, 16) split value slots (:func:`split_value_slots`) -> the (128, BLOCK_N) tile and its rows m < 64
     (codes 0-3 of every slot: the outlier rows, m & 8 == 0, and 3-bit rows), both fp16 in the A layout: the kernel
-    weights the first by the 3-bit norms and the second by the outlier norms and keeps each product's own rows
-    (``DECODER``: :func:`_decode_pairs`)."""
+    weights the first by the 3-bit norms and the second by the outlier norms and keeps each product's own rows."""
     words = gl.convert_layout(words, value_words_layout(BLOCK_N, True), assert_trivial=True)
     mixed, three = gl.split(gl.reshape(words, (BLOCK_N, 8, 2)))  # w = 0: the mixed slot; 1: the 3-bit slot
-    m = _decode_pairs(mixed, tables, SPLIT_43, DECODER, True)
-    h = _decode_pairs(three, (tables[4], tables[5], tables[6], tables[7]), 3, DECODER, True)
+    m = _decode_pairs(mixed, tables, SPLIT_43, "prmt")
+    h = _decode_pairs(three, (tables[4], tables[5], tables[6], tables[7]), 3, "prmt")
     v = (_value_plane(m[0], h[0], BLOCK_N), _value_plane(m[1], h[1], BLOCK_N), _value_plane(m[2], h[2], BLOCK_N),
          _value_plane(m[3], h[3], BLOCK_N), _value_plane(m[4], h[4], BLOCK_N), _value_plane(m[5], h[5], BLOCK_N),
          _value_plane(m[6], h[6], BLOCK_N), _value_plane(m[7], h[7], BLOCK_N))

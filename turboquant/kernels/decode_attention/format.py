@@ -15,7 +15,7 @@ import torch
 from ...codebook import host_codebook, symmetric_codebook
 from ...codes import QuantizedVectors
 from ...packing import packed_size
-from .._decode import pair_lut_table, prmt_byte_tables, split_pair_lut_table
+from .._decode import pair_lut_table, prmt_byte_tables
 from .._layout import KERNEL_BITS, group_geometry, num_groups, pow2_at_least
 
 MAX_CHANNEL_GROUPS = 2
@@ -165,19 +165,13 @@ class CacheFormat:
 
     @cached_property
     def mma_pair_table(self) -> torch.Tensor | None:
-        """The pair table (int32) that the register-operand kernel's ``"lut"`` decoder reads, shared by keys and
-        values: ``_decode.pair_lut_table`` of their codebook when both streams are one 3- or 4-bit group of the same
-        codebook, ``_decode.split_pair_lut_table`` when both are the 3.5-bit split with the same two codebooks; else
-        None."""
-        layout = [(g.dim, g.bits) for g in self.key_groups]
-        if layout != [(g.dim, g.bits) for g in self.value_groups] or any(
-                not torch.equal(host_codebook(k), host_codebook(v)) for k, v in zip(self.key_tables, self.value_tables)):
+        """The shared codebook's pair table (``_decode.pair_lut_table``, int32 (256,)) that the register-operand
+        kernel's ``"lut"`` decoder reads, or None unless both streams are one 4-bit group of the same codebook."""
+        tables = (*self.key_tables, *self.value_tables)
+        if len(tables) != 2 or any(g.bits != 4 for g in (*self.key_groups, *self.value_groups)):
             return None
-        if len(layout) == 1 and layout[0][1] in (3, 4):
-            return pair_lut_table(self.key_tables[0])
-        if self.mma_split:
-            return split_pair_lut_table(*self.key_tables)
-        return None
+        key, value = (host_codebook(t) for t in tables)
+        return pair_lut_table(tables[0]) if torch.equal(key, value) else None
 
     @property
     def head_dim(self) -> int:

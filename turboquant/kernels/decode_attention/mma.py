@@ -34,7 +34,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .._decode import PAIR_LUT_BYTES, SPLIT_LUT_BYTES
+from .._decode import PAIR_LUT_BYTES
 from .._mma import (
     MMA,
     OPERAND_B,
@@ -145,16 +145,16 @@ def mma_split_kernel(
     :func:`.kernel.decode_split_kernel` does. ``STAGES``, the loads' pipeline (Triton does not pipeline loads whose
     consumer is inline assembly, so the kernel does): 1, each tile loaded where it is decoded; 2, the next tile's
     loads issued before this tile is decoded (a register double buffer). ``DECODER``: ``"prmt"``, byte-permute
-    lookups in registers (``*_tables``), or ``"lut"`` (keys and values of one layout and the same codebooks): two codes
-    per load from shared-memory copies of ``pair_table_ptr`` (``CacheFormat.mma_pair_table``; unread by ``"prmt"``),
-    a copy per two lanes so that at most two lanes' lookups share a bank."""
+    lookups in registers (``*_tables``), or ``"lut"`` (4-bit keys and values of one codebook): two codes per load from
+    a shared-memory copy of ``pair_table_ptr`` (``_decode.pair_lut_table``, 256 int32; unread by ``"prmt"``), one copy
+    per lane so that no two lanes' lookups share a bank."""
     SPLIT: gl.constexpr = KEY_BITS == SPLIT_43
     b = gl.program_id(0).to(gl.int64)
     kv_head = gl.program_id(1)
     split = gl.program_id(2)
     seq_len = gl.load(seq_lens_ptr + b)
     if DECODER == "lut":
-        fill_pair_lut(pair_table_ptr, SPLIT)
+        fill_pair_lut(pair_table_ptr)
     start = split * tokens_per_split
     end = gl.minimum(start + tokens_per_split, seq_len)
 
@@ -213,7 +213,7 @@ def mma_split_kernel(
         kw, vw = _cut_slots(k_loaded, v_loaded, o_loaded, k_slot, v_slot, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT)
         live = n0 + s_tok < end
         if SPLIT:
-            keys, outlier_keys = decoded_split_keys(kw, k_tables, BLOCK_N, DECODER)
+            keys, outlier_keys = decoded_split_keys(kw, k_tables, BLOCK_N)
             s = (mma_v2(keys, q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn[:, None]
                  + mma_v2(outlier_keys, q0_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn0[:, None])
         else:
@@ -226,7 +226,7 @@ def mma_split_kernel(
         l_i = l_i * alpha + gl.sum(p, axis=0)
         p_t = gl.convert_layout((p * vn[:, None]).to(gl.float16), OPERAND_B)
         if SPLIT:
-            top, values = decoded_split_values(vw, v_tables, BLOCK_N, DECODER)
+            top, values = decoded_split_values(vw, v_tables, BLOCK_N)
             acc = mma_v2(values, p_t, acc * alpha[None, :])
             p0_t = gl.convert_layout((p * vn0[:, None]).to(gl.float16), OPERAND_B)
             acc0 = mma_v2(top, p0_t, acc0 * alpha[None, :])
@@ -300,15 +300,13 @@ MMA_DECODERS = ("auto", "prmt", "lut")
 
 def resolve_mma_decoder(decoder: str, cache_format: CacheFormat) -> str:
     """The register-operand kernel's decoder: ``"prmt"`` (byte-permute lookups in registers, every layout the kernel
-    reads; ``"auto"``) or ``"lut"`` (two codes per load from a shared-memory table: keys and values of one layout,
-    3- or 4-bit or the 3.5-bit split, with the same codebooks; :attr:`CacheFormat.mma_pair_table`). ValueError naming
-    the reason otherwise."""
+    reads; ``"auto"``) or ``"lut"`` (two codes per load from a per-lane shared-memory table: 4-bit keys and values of
+    one channel group and one codebook). ValueError naming the reason otherwise."""
     if decoder not in MMA_DECODERS:
         raise ValueError(f"the register-operand kernel's decoder must be one of {MMA_DECODERS}, got {decoder!r}")
-    if decoder == "lut" and cache_format.mma_pair_table is None:
-        raise ValueError("decoder='lut' reads keys and values of one layout (3 or 4 bits, or the 3.5-bit split) "
-                         f"with the same codebooks; this cache is {cache_format.mma_bits} bits, or its streams' "
-                         "codebooks differ")
+    if decoder == "lut" and (cache_format.mma_bits != (4, 4) or cache_format.mma_pair_table is None):
+        raise ValueError("decoder='lut' reads 4-bit keys and values of one channel group sharing one codebook; "
+                         f"this cache is {cache_format.mma_bits} bits, or its streams' codebooks differ")
     return "prmt" if decoder == "auto" else decoder
 
 
@@ -345,10 +343,10 @@ def resident_programs(device_index: int, group: int, block_n: int, stages: int, 
     props = torch.cuda.get_device_properties(device_index)
     registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
     shared_per_sm = getattr(props, "shared_memory_per_multiprocessor", SHARED_PER_SM)
-    table = 0 if decoder != "lut" else SPLIT_LUT_BYTES if bits[0] == SPLIT_BITS else PAIR_LUT_BYTES
     return max(1, min(MAX_BLOCKS_PER_SM, props.max_threads_per_multi_processor // 32,
                       props.regs_per_multiprocessor // registers_per_warp,
-                      shared_per_sm // (compiled.metadata.shared + table + 1024)))
+                      shared_per_sm // (compiled.metadata.shared + (PAIR_LUT_BYTES if decoder == "lut" else 0)
+                                        + 1024)))
 
 
 def default_mma_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device, block_n: int,
