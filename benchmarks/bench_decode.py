@@ -136,10 +136,14 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
                 continue
             factor, graph = kw.pop("split_factor", 1), kw.pop("graph", False)
             options = {k: v for k, v in kw.items() if k in ("kernel", "decoder", "inner", "lookup", "block_n",
-                                                           "num_stages")}
+                                                           "num_stages", "num_splits")}
             plan = split_plan(cache_format, bsz, HEADS_Q, HEADS_KV, ctx, device, **options)  # what the timed call runs
             if factor != 1:  # a multiple of that kernel's default split count
-                kw["num_splits"] = max(1, round(factor * plan.num_splits))
+                kw["num_splits"] = options["num_splits"] = max(1, round(factor * plan.num_splits))
+                plan = split_plan(cache_format, bsz, HEADS_Q, HEADS_KV, ctx, device, **options)
+            # the kernel and decoder that "auto" chose for the timed shape, pinned, so that the check (fewer rows and
+            # tokens, where "auto" may choose otherwise) runs what is timed
+            kw.update(kernel=plan.kernel, decoder=plan.decoder)
             label = f"K{k_bits}V{v_bits} {name}"
             try:
                 err = rel_err(decode_attention_groups_triton(*check_args, **check_perms, **kw), ref)
@@ -151,7 +155,7 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
                 continue
             rows.append(Row("decode", label, size, t, moved, bench.floor_us(moved),
                             f"sdpa bf16 ({base_name})", t_base,
-                            f"{plan.kernel} kernel, rel err {err:.1e} (bf16 out)" if kw.get("lookup", True)
+                            f"{plan.kernel} kernel ({plan.decoder}), rel err {err:.1e} (bf16 out)" if kw.get("lookup", True)
                             else "diagnostic (no lookup)"))
         del keys, values
     return rows

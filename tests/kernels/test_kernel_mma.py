@@ -20,20 +20,15 @@ import turboquant as tq
 pytest.importorskip("triton.experimental.gluon")
 
 from turboquant.kernels._decode import (  # noqa: E402
-    PAIR_LUT3,
-    PAIR_LUT3_SPLIT,
     PAIR_LUT4,
     PAIR_LUT_COPIES,
     PAIR_LUT_FILL,
-    PAIR_LUT_FILL_SPLIT,
-    PAIR_LUT_MIXED,
     PAIR_LUT_SYMBOL,
     PRMT_PAIR3,
     PRMT_PAIR4,
     PRMT_PAIR_MIXED,
     pair_lut_table,
     prmt_byte_tables,
-    split_pair_lut_table,
 )
 from turboquant.kernels import _mma  # noqa: E402
 from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup  # noqa: E402
@@ -41,8 +36,8 @@ from turboquant.kernels.decode_attention import CacheFormat, ChannelGroup  # noq
 from tests.kernels.test_kernel_prmt import SharedMemory, _byte_tables, _fp16_bits, run_ptx  # noqa: E402
 
 
-def _table(dim: int = 128, bits: int = 4) -> np.ndarray:
-    return tq.lloyd_max_codebook(dim, bits).centroids_tensor().numpy().astype(np.float16)
+def _table(dim: int = 128) -> np.ndarray:
+    return tq.lloyd_max_codebook(dim, 4).centroids_tensor().numpy().astype(np.float16)
 
 
 def _words(seed: int, n: int = 300) -> list[int]:
@@ -155,50 +150,27 @@ def test_pair_lut_programs_decode_every_code_of_both_words() -> None:
             assert max(map(len, banks.values())) <= 2, load
 
 
-def test_pair_lut3_program_decodes_every_code_of_both_groups() -> None:
-    """``PAIR_LUT3`` on two 24-bit group words (bits 24-31 set, as the slot cuts leave them): the fp16 pairs
-    ``PRMT_PAIR3`` writes, from the pair table of the 3-bit codebook."""
-    table = _table(128, 3)
-    expected = _fp16_bits(table)
-    entries = [int(e) for e in pair_lut_table(torch.from_numpy(table))]
-    base = 0x400
-    shared, symbols = SharedMemory(), {PAIR_LUT_SYMBOL: base}
-    for lane in range(32):
-        run_ptx(PAIR_LUT_FILL.value, {8 + i: entries[8 * lane + i] for i in range(8)}, lane, shared, symbols)
-    groups = [sum(((c + k) % 8) << (3 * k) for k in range(8)) for c in range(8)]  # every code at every position
-    groups += [int(w) for w in np.random.default_rng(3).integers(0, 2 ** 24, size=200)]
-    for i, (a, b) in enumerate(zip(groups, reversed(groups))):
-        out = run_ptx(PAIR_LUT3.value, {8: a | 0xFF000000, 9: b | 0xFF000000}, i % 32, shared, symbols)
-        for c in range(8):
-            assert out[c] == expected[(a >> (3 * c)) & 7] | expected[(b >> (3 * c)) & 7] << 16, (hex(a), hex(b), c)
-
-
-def test_pair_lut_serves_one_layout_with_the_same_codebooks_only() -> None:
-    from turboquant.kernels.decode_attention.mma import resolve_mma_decoder
+def test_lut_serves_4_bit_streams_of_one_codebook_and_auto_takes_it_for_long_splits() -> None:
+    from turboquant.kernels.decode_attention.mma import LUT_MIN_TILES, resolve_mma_decoder
 
     def cache(key_bits, value_bits, value_seed=0):
         return CacheFormat.build(*[[ChannelGroup(128, bits, tq.make_rotation("haar", 128, seed=seed).matrix(),
                                                  tq.lloyd_max_codebook(128, bits).centroids_tensor())]
                                    for bits, seed in ((key_bits, 0), (value_bits, value_seed))], "cpu")
-    assert resolve_mma_decoder("auto", cache(4, 4)) == "prmt"
-    for bits in (4, 3):
-        assert resolve_mma_decoder("lut", cache(bits, bits, value_seed=5)) == "lut"  # other rotation, same codebook
-        assert torch.equal(cache(bits, bits).mma_pair_table,
-                           pair_lut_table(tq.lloyd_max_codebook(128, bits).centroids_tensor()))
-    assert cache(4, 3).mma_pair_table is None
-    split = [(32, 4), (96, 3)]
-    split_format = CacheFormat.build(*[[ChannelGroup(m, b, tq.make_rotation("haar", m, seed=seed + i).matrix(),
-                                                     tq.lloyd_max_codebook(m, b).centroids_tensor())
-                                        for i, (m, b) in enumerate(split)] for seed in (0, 5)], "cpu")
-    assert resolve_mma_decoder("lut", split_format) == "lut"
-    assert torch.equal(split_format.mma_pair_table, split_pair_lut_table(
-        tq.lloyd_max_codebook(32, 4).centroids_tensor(), tq.lloyd_max_codebook(96, 3).centroids_tensor()))
-    with pytest.raises(ValueError, match="keys and values of one layout"):
-        resolve_mma_decoder("lut", cache(4, 3))
+    four = cache(4, 4, value_seed=5)  # another rotation, the same codebook
+    assert resolve_mma_decoder("lut", four, 1) == "lut"
+    assert torch.equal(four.mma_pair_table, pair_lut_table(tq.lloyd_max_codebook(128, 4).centroids_tensor()))
+    assert resolve_mma_decoder("auto", four, LUT_MIN_TILES) == "lut"
+    assert resolve_mma_decoder("auto", four, LUT_MIN_TILES - 1) == "prmt"  # too few tiles to repay the fill
+    assert resolve_mma_decoder("prmt", four, 10 * LUT_MIN_TILES) == "prmt"
+    for key_bits, value_bits in ((3, 3), (4, 3)):
+        assert resolve_mma_decoder("auto", cache(key_bits, value_bits), 10 * LUT_MIN_TILES) == "prmt"
+        with pytest.raises(ValueError, match="4-bit keys and values of one channel group"):
+            resolve_mma_decoder("lut", cache(key_bits, value_bits), 1)
     with pytest.raises(ValueError, match="decoder must be one of"):
-        resolve_mma_decoder("table", cache(4, 4))
-    with pytest.raises(ValueError, match="3- and 4-bit codebooks"):
-        pair_lut_table(torch.zeros(4))
+        resolve_mma_decoder("table", four, 1)
+    with pytest.raises(ValueError, match="4-bit codebooks"):
+        pair_lut_table(torch.zeros(8))
 
 
 def _mixed_code(slot: int, c: int) -> int:
@@ -222,41 +194,6 @@ def test_mixed_pair_program_decodes_every_code_of_both_slots() -> None:
         for c in range(8):
             value = expected[4 if c < 4 else 3]
             assert out[c] == value[_mixed_code(a, c)] | value[_mixed_code(b, c)] << 16, (hex(a), hex(b), c)
-
-
-def test_split_lut_programs_decode_every_code_of_both_slots() -> None:
-    """``PAIR_LUT_FILL_SPLIT`` run by the 32 lanes of a warp (the 384 entries of ``split_pair_lut_table``), then
-    ``PAIR_LUT_MIXED`` on pairs of mixed slots and ``PAIR_LUT3_SPLIT`` on pairs of 3-bit group words: the fp16 pairs
-    ``PRMT_PAIR_MIXED`` and ``PRMT_PAIR3`` write, bits 28-31 (mixed) and 24-31 (3-bit) of the words unread."""
-    outlier_cb, cb3 = tq.lloyd_max_codebook(32, 4).centroids_tensor(), tq.lloyd_max_codebook(96, 3).centroids_tensor()
-    expected = {4: _fp16_bits(outlier_cb.numpy().astype(np.float16)), 3: _fp16_bits(cb3.numpy().astype(np.float16))}
-    entries = [int(e) for e in split_pair_lut_table(outlier_cb, cb3)]
-    assert len(entries) == 384
-    base = 0x400
-    shared, symbols = SharedMemory(), {PAIR_LUT_SYMBOL: base}
-    for lane in range(32):
-        values = {16 + i: entries[8 * lane + i] for i in range(8)}
-        values.update({24 + i: entries[256 + 4 * lane + i] for i in range(4)})
-        values.update({28 + i: 0 for i in range(4)})
-        run_ptx(PAIR_LUT_FILL_SPLIT.value, values, lane, shared, symbols)
-    assert sorted(shared) == [base + 4 * w for w in range(384 * PAIR_LUT_COPIES)]
-    rng = np.random.default_rng(45)
-    slots = [sum(((c + k) % 16) << (4 * k) for k in range(4)) | sum(((c + k) % 8) << (16 + 3 * k) for k in range(4))
-             for c in range(16)]  # every code at every position
-    slots += [int(w) for w in rng.integers(0, 2 ** 32, size=200, dtype=np.uint64)] + [0, 2 ** 32 - 1]
-    for i, (a, b) in enumerate(zip(slots, reversed(slots))):
-        out = run_ptx(PAIR_LUT_MIXED.value, {8: a, 9: b}, i % 32, shared, symbols)
-        for c in range(8):
-            value = expected[4 if c < 4 else 3]
-            assert out[c] == value[_mixed_code(a, c)] | value[_mixed_code(b, c)] << 16, (hex(a), hex(b), c)
-    groups = [sum(((c + k) % 8) << (3 * k) for k in range(8)) for c in range(8)]
-    groups += [int(w) for w in rng.integers(0, 2 ** 24, size=200)]
-    for i, (a, b) in enumerate(zip(groups, reversed(groups))):
-        out = run_ptx(PAIR_LUT3_SPLIT.value, {8: a | 0xFF000000, 9: b | 0xFF000000}, i % 32, shared, symbols)
-        for c in range(8):
-            assert out[c] == expected[3][(a >> (3 * c)) & 7] | expected[3][(b >> (3 * c)) & 7] << 16, (hex(a), c)
-    with pytest.raises(ValueError, match="4-bit outlier codebook and a 3-bit one"):
-        split_pair_lut_table(cb3, outlier_cb)
 
 
 def _funnel(low: int, high: int, shift: int) -> int:
@@ -449,14 +386,13 @@ def test_offline_compile_for_sm90_keeps_operands_in_registers() -> None:
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
             if "mma_split_kernel" in line or "mma_scores_kernel" in line]
     assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 5 + ["mma_scores_kernel"]  # 4-bit variants
-                                               + ["mma_split_kernel"] * 3 + ["mma_scores_kernel"]  # K3V3, K4V3, lut, b=3
-                                               + ["mma_split_kernel"] * 2)  # the 3.5-bit split, lut
+                                               + ["mma_split_kernel"] * 2 + ["mma_scores_kernel"]  # K3V3, K4V3, b=3
+                                               + ["mma_split_kernel"])  # the 3.5-bit split
     for row in rows:
         assert int(row["HMMA"]) > 0 and int(row["loop"]) > 0, row
         slices = 5 if "split" in row["launch"] else 4
         lut = row["launch"].endswith(" lut")  # its table: 16-byte stores of 4 copies before the loop, 8 loads per 16 codes
-        fill = (12 if "split" in row["launch"] else 8) * PAIR_LUT_COPIES // 4  # entries per lane x stores per entry
-        assert int(row["LDSM"]) <= slices and int(row["STS"]) <= 2 * slices + fill * lut, row
+        assert int(row["LDSM"]) <= slices and int(row["STS"]) <= 2 * slices + 2 * PAIR_LUT_COPIES * lut, row
         assert row["stack"] == "0" and row["loop shared"] == ("128" if lut else "0"), row
         if lut:  # the loop's only shared-memory accesses are the lookups, one per two codes: none is the decoded tile
             assert int(row["LDS"]) == 128 and int(row["PRMT"]) < 200, row
@@ -491,7 +427,7 @@ def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group, key_bits, val
     perms = {name: torch.rand(batch, 2, 128, device="cuda", generator=gen).argsort(dim=-1)
              for name in ("key_permutation", "value_permutation")} if key_bits == "split" else {}
     ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format, **perms)
-    decoders = ("prmt", "lut") if key_bits == value_bits else ("prmt",)
+    decoders = ("prmt", "lut") if (key_bits, value_bits) == (4, 4) else ("prmt",)
     for (splits, block_n, stages), decoder in itertools.product(((1, 32, 2), (3, 32, 1), (2, 16, 2), (1, 64, 1)),
                                                                 decoders):
         out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, kernel="mma", num_splits=splits,

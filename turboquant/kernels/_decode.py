@@ -246,15 +246,15 @@ def _nibble_interleave_lines(a: str, b: str, even: str, odd: str, multiply: bool
             f"or.b32 {odd}, {odd}, t;"]
 
 
-def _mixed_three_bit_lines(x: str, even: str, odd: str, multiply: bool) -> list[str]:
+def _mixed_three_bit_lines(x: str, even: str, odd: str) -> list[str]:
     """PTX lines taking the 3-bit halves of two mixed slots $8 and $9 (bits 16-27) into ``x`` (A's 12 bits at bit 0,
     B's at bit 16, the bits above masked away), spreading them to nibbles (a0 a1 a2 a3 b0 b1 b2 b3) and interleaving
-    them into bytes: ``even`` holds a0 | b0 << 4 and a2 | b2 << 4, ``odd`` a1 | b1 << 4 and a3 | b3 << 4 (the shifts
-    as :func:`_shr_line`). Uses the scratch register ``t``."""
+    them into bytes: ``even`` holds a0 | b0 << 4 and a2 | b2 << 4, ``odd`` a1 | b1 << 4 and a3 | b3 << 4. Uses the
+    scratch register ``t``."""
     return ["prmt.b32 {}, $8, $9, 0x7632;".format(x), f"and.b32 {x}, {x}, 0x0FFF0FFF;", *_spread_halves_lines(x),
-            _shr_line(x, 12, multiply), "and.b32 t, t, 0xF0F0;", f"and.b32 {even}, {x}, 0x0F0F;",
-            f"or.b32 {even}, {even}, t;", _shr_line(x, 4, multiply), f"and.b32 {odd}, t, 0x0F0F;",
-            _shr_line(x, 16, multiply), "and.b32 t, t, 0xF0F0;", f"or.b32 {odd}, {odd}, t;"]
+            f"shr.u32 t, {x}, 12;", "and.b32 t, t, 0xF0F0;", f"and.b32 {even}, {x}, 0x0F0F;",
+            f"or.b32 {even}, {even}, t;", f"shr.u32 t, {x}, 4;", f"and.b32 {odd}, t, 0x0F0F;",
+            f"shr.u32 t, {x}, 16;", "and.b32 t, t, 0xF0F0;", f"or.b32 {odd}, {odd}, t;"]
 
 
 def _selector_lookup_lines(selector: str, first: str, second: str, tables: tuple[str, ...]) -> list[str]:
@@ -328,58 +328,35 @@ PAIR_LUT_SYMBOL = "tq_pair_lut"
 PAIR_LUT_ENTRIES = 256  # one per byte of two 4-bit codes
 PAIR_LUT_COPIES = 16  # copies of the table in shared memory; lanes l and l + 16 share copy l mod 16
 PAIR_LUT_BYTES = PAIR_LUT_ENTRIES * PAIR_LUT_COPIES * 4  # int32 entries: 16 KB of shared memory
-SPLIT_LUT_ENTRIES = PAIR_LUT_ENTRIES + 128  # a split stream's: the outlier codebook's 256, then the 3-bit one's
-SPLIT_LUT_BYTES = SPLIT_LUT_ENTRIES * PAIR_LUT_COPIES * 4  # 24 KB
 _ENTRY_SHIFT = (4 * PAIR_LUT_COPIES).bit_length() - 1  # byte offset of entry e, copy c: (e << _ENTRY_SHIFT) + 4 c
 
 
 def pair_lut_table(table: torch.Tensor) -> torch.Tensor:
-    """int32 (256,) on ``table``'s device: entry ``e`` is the fp16 pair (c[e & m], c[(e >> 4) & m]) of the 16- or
-    8-entry codebook ``table`` (m = 15 or 7; low half the low nibble's value), what :data:`PAIR_LUT_FILL` copies to
-    shared memory and :data:`PAIR_LUT4` / :data:`PAIR_LUT3` look up (3-bit codes spread to nibbles with bit 3 clear
-    read only the entries with bits 3 and 7 clear). Reads the codebook through
-    :func:`~turboquant.codebook.host_codebook`."""
+    """int32 (256,) on ``table``'s device: entry ``e`` is the fp16 pair (c[e & 15], c[e >> 4]) of the 16-entry
+    codebook ``table`` (low half the low nibble's value), what :data:`PAIR_LUT_FILL` copies to shared memory and
+    :data:`PAIR_LUT4` looks up. Reads the codebook through :func:`~turboquant.codebook.host_codebook`."""
     values = host_codebook(table)
-    if values.numel() not in (8, 16):
-        raise ValueError(f"the pair table decodes 3- and 4-bit codebooks (8 or 16 entries), got {values.numel()}")
+    if values.numel() != 16:
+        raise ValueError(f"the pair table decodes 4-bit codebooks (16 entries), got {values.numel()}")
     bits = values.view(torch.int16).to(torch.int64) & 0xFFFF
-    entries, mask = torch.arange(PAIR_LUT_ENTRIES), values.numel() - 1
-    pairs = bits[entries & mask] | bits[(entries >> 4) & mask] << 16
+    entries = torch.arange(PAIR_LUT_ENTRIES)
+    pairs = bits[entries & 15] | bits[entries >> 4] << 16
     return torch.where(pairs >= 1 << 31, pairs - (1 << 32), pairs).to(torch.int32).to(table.device)
 
 
-def split_pair_lut_table(outlier_table: torch.Tensor, table3: torch.Tensor) -> torch.Tensor:
-    """int32 (384,): the table a split stream's ``"lut"`` programs read (:data:`PAIR_LUT_MIXED`,
-    :data:`PAIR_LUT3_SPLIT`): :func:`pair_lut_table` of the 4-bit outlier codebook, then entries 0..127 of the 3-bit
-    codebook's (a 3-bit pair's byte a | b << 4 has bit 7 clear), read at 256 + byte."""
-    if host_codebook(outlier_table).numel() != 16 or host_codebook(table3).numel() != 8:
-        raise ValueError("a split stream's pair table joins a 4-bit outlier codebook and a 3-bit one")
-    return torch.cat([pair_lut_table(outlier_table), pair_lut_table(table3)[:SPLIT_LUT_ENTRIES - PAIR_LUT_ENTRIES]])
-
-
-def _pair_lut_fill_lines(spans: tuple[tuple[int, int], ...], n_values: int) -> list[str]:
-    """Lines of :data:`PAIR_LUT_FILL` (``n_values`` inputs per lane, after as many outputs). Per span (first entry,
-    entries per lane) lane l holds the entries first + n l + i (its next n inputs) and writes each to all
+def _pair_lut_fill_lines() -> list[str]:
+    """Lines of :data:`PAIR_LUT_FILL`. Lane l holds the entries 8 l + i (its inputs $8..$15) and writes each to all
     :data:`PAIR_LUT_COPIES` copies (word ``copies * e + c`` of the table), 4 copies per 16-byte store, the lanes
     rotating over the groups of 4 so that one store instruction spreads over the banks; then ``bar.warp.sync``
     (which orders the writes before any lane's lookups). The inputs are copied to the outputs, so that the statement
     has some."""
     groups, entry_bytes = PAIR_LUT_COPIES // 4, 4 * PAIR_LUT_COPIES
-    lines, value = ["mov.u32 l, %laneid;"], n_values
-    for first, per_lane in spans:
-        lines += [f"mov.u32 row, {PAIR_LUT_SYMBOL};", f"add.u32 row, row, {first * entry_bytes};",
-                  f"mad.lo.u32 row, l, {per_lane * entry_bytes}, row;"]
-        for j in range(groups):
-            lines += [f"add.u32 r, l, {j};", f"and.b32 r, r, {groups - 1};", "mad.lo.u32 r, r, 16, row;"]
-            lines += [f"st.shared.v4.b32 [r+{entry_bytes * i}], {{${value + i}, ${value + i}, ${value + i}, "
-                      f"${value + i}}};" for i in range(per_lane)]
-        value += per_lane
-    return lines + ["bar.warp.sync -1;"] + [f"mov.b32 ${i}, ${n_values + i};" for i in range(n_values)]
-
-
-def _pair_lut_fill(entries: int, spans: tuple[tuple[int, int], ...], n_values: int) -> str:
-    return (f".shared .align 16 .b8 {PAIR_LUT_SYMBOL}[{entries * PAIR_LUT_COPIES * 4}];\n"
-            + "{\n.reg .b32 l, row, r;\n" + "\n".join(_pair_lut_fill_lines(spans, n_values)) + "\n}")
+    lines = ["mov.u32 l, %laneid;", f"mov.u32 row, {PAIR_LUT_SYMBOL};", f"mad.lo.u32 row, l, {8 * entry_bytes}, row;"]
+    for j in range(groups):
+        lines += [f"add.u32 r, l, {j};", f"and.b32 r, r, {groups - 1};", "mad.lo.u32 r, r, 16, row;"]
+        lines += [f"st.shared.v4.b32 [r+{entry_bytes * i}], {{${8 + i}, ${8 + i}, ${8 + i}, ${8 + i}}};"
+                  for i in range(8)]
+    return lines + ["bar.warp.sync -1;"] + [f"mov.b32 ${i}, ${8 + i};" for i in range(8)]
 
 
 # One invocation per lane (``pack=8``, the lane's 8 entries of pair_lut_table in $8..$15, copied to $0..$7 so that the
@@ -387,82 +364,39 @@ def _pair_lut_fill(entries: int, spans: tuple[tuple[int, int], ...], n_values: i
 # may declare it, once per kernel) and fills it. Lane l reads copy c = l mod 16 of entry e, word 16 e + c, in bank
 # c + 16 (e mod 2): two lanes of one load share a bank only as the pair (l, l + 16), so a load takes at most two
 # shared-memory wavefronts, whatever codes the lanes hold.
-PAIR_LUT_FILL = tl.constexpr(_pair_lut_fill(PAIR_LUT_ENTRIES, ((0, 8),), 8))
-# The same for a split stream's 384 entries (split_pair_lut_table; ``pack=16``): lane l's 8 entries 8l + i in
-# $16..$23, its 4 entries 256 + 4l + i in $24..$27 ($28..$31 unread).
-PAIR_LUT_FILL_SPLIT = tl.constexpr(_pair_lut_fill(SPLIT_LUT_ENTRIES, ((0, 8), (PAIR_LUT_ENTRIES, 4)), 16))
+PAIR_LUT_FILL = tl.constexpr(f".shared .align 16 .b8 {PAIR_LUT_SYMBOL}[{PAIR_LUT_BYTES}];\n"
+                             + "{\n.reg .b32 l, row, r;\n" + "\n".join(_pair_lut_fill_lines()) + "\n}")
 PAIR_LUT_FILL_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
-PAIR_LUT_FILL_SPLIT_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 16 + ["r"] * 16))
 
 
-def _lane_offset_lines(first_entry: int = 0) -> list[str]:
-    """PTX lines setting ``l`` to this lane's byte offset in the table, ``4 (lane mod copies)``, plus entry
-    ``first_entry``'s, and ``base`` to the table's address."""
-    return (["mov.u32 l, %laneid;", f"and.b32 l, l, {PAIR_LUT_COPIES - 1};", "shl.b32 l, l, 2;"]
-            + ([f"or.b32 l, l, {first_entry << _ENTRY_SHIFT};"] if first_entry else [])
-            + [f"mov.u32 base, {PAIR_LUT_SYMBOL};"])
-
-
-def _byte_lookup_lines(source: str, k: int, offset: str, out: str) -> list[str]:
-    """PTX lines loading into ``out`` the entry of byte k of ``source`` (byte offset ``(byte << _ENTRY_SHIFT) +
-    offset``): the byte moved to bit _ENTRY_SHIFT, x << s or x >> (8k - s) as the high word of x * 2^(32 + s - 8k), an
-    integer multiply (which runs beside the logic ops rather than among them), then one mask-merge and the load."""
+def _byte_lookup_lines(source: str, k: int) -> list[str]:
+    """PTX lines loading the entry of byte k of ``source`` (byte offset ``(byte << _ENTRY_SHIFT) + l``, ``l`` this
+    lane's copy) into ``a``: the byte moved to bit _ENTRY_SHIFT, x << s or x >> (8k - s) as the high word of
+    x * 2^(32 + s - 8k), an integer multiply (which runs beside the logic ops rather than among them), then one
+    mask-merge and the load."""
     shift = (f"mul.lo.u32 a, {source}, {1 << _ENTRY_SHIFT};" if k == 0
              else f"mul.hi.u32 a, {source}, {1 << (32 + _ENTRY_SHIFT - 8 * k)};")
-    return [shift, f"and.b32 a, a, {255 << _ENTRY_SHIFT};", f"or.b32 a, a, {offset};", "add.u32 a, a, base;",
-            f"ld.shared.b32 {out}, [a];"]
+    return [shift, f"and.b32 a, a, {255 << _ENTRY_SHIFT};", "or.b32 a, a, l;", "add.u32 a, a, base;"]
 
 
-def _pair_lut_lines(a: str, b: str, first_entry: int = 0) -> list[str]:
-    """Lines of :data:`PAIR_LUT4` for the words ``a`` and ``b`` of 8 nibble codes each, the entries read from
-    ``first_entry`` on. Their nibbles are interleaved into bytes (x_e, x_o: :func:`_nibble_interleave_lines`), then
-    each byte addresses one ``ld.shared`` of this lane's copy (:func:`_byte_lookup_lines`) and writes output 2k (x_e)
-    or 2k + 1 (x_o): per 16 codes 2 + 8 logic ops, 2 + 8 shifts written as integer multiplies (``IMAD``, the FMA
-    pipe) and 8 loads, no sign or interleave step (the entries hold signed fp16 pairs)."""
-    lines = _lane_offset_lines(first_entry) + _nibble_interleave_lines(a, b, "xe", "xo", multiply=True)
+def _pair_lut_lines() -> list[str]:
+    """Lines of :data:`PAIR_LUT4`. The nibbles of the words A ($8) and B ($9) are interleaved into bytes (x_e, x_o:
+    :func:`_nibble_interleave_lines`), then each byte addresses one ``ld.shared`` of this lane's copy
+    (:func:`_byte_lookup_lines`) and writes output 2k (x_e) or 2k + 1 (x_o): per 16 codes 2 + 8 logic ops, 2 + 8
+    shifts written as integer multiplies (``IMAD``, the FMA pipe) and 8 loads, no sign or interleave step (the
+    entries hold signed fp16 pairs)."""
+    lines = (["mov.u32 l, %laneid;", f"and.b32 l, l, {PAIR_LUT_COPIES - 1};", "shl.b32 l, l, 2;",
+              f"mov.u32 base, {PAIR_LUT_SYMBOL};"] + _nibble_interleave_lines("$8", "$9", "xe", "xo", multiply=True))
     for source, first in (("xe", 0), ("xo", 1)):
         for k in range(4):  # byte k of the source holds code 2k + first of A (low nibble) and of B (high nibble)
-            lines += _byte_lookup_lines(source, k, "l", f"${first + 2 * k}")
+            lines += _byte_lookup_lines(source, k) + [f"ld.shared.b32 ${first + 2 * k}, [a];"]
     return lines
 
 
 # One invocation (``pack=2``): two words A ($8) and B ($9) of 8 4-bit codes -> $c = the fp16 pair (code c of A,
 # code c of B), c = 0..7, as PRMT_PAIR4 writes it, looked up in the shared table PAIR_LUT_FILL wrote (two codes per
 # load). Needs PAIR_LUT_FILL earlier in the same kernel.
-PAIR_LUT4 = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a;\n" + "\n".join(_pair_lut_lines("$8", "$9")) + "\n}")
-# The same for two 24-bit group words A ($8) and B ($9) of 8 3-bit codes (code k at bit 3k; bits 24-31 ignored),
-# spread to nibbles first (_spread3_lines), as PRMT_PAIR3 writes its outputs; the table of an 8-entry codebook.
-def _pair_lut3(first_entry: int) -> str:
-    return ("{\n.reg .b32 l, base, xe, xo, t, a, na, nb;\n" + "\n".join(
-        _spread3_lines("$8", "na") + _spread3_lines("$9", "nb") + _pair_lut_lines("na", "nb", first_entry)) + "\n}")
-
-
-PAIR_LUT3 = tl.constexpr(_pair_lut3(0))
-# PAIR_LUT3 for the plain 3-bit slots of a split stream: the 3-bit entries of split_pair_lut_table, from 256 on.
-PAIR_LUT3_SPLIT = tl.constexpr(_pair_lut3(PAIR_LUT_ENTRIES))
-
-
-def _pair_lut_mixed_lines() -> list[str]:
-    """Lines of :data:`PAIR_LUT_MIXED`. The 4-bit codes 0-3 of A and B (bits 0-15) interleaved into bytes as in
-    :func:`_pair_lut_lines` (bytes 0-1 of x_e, x_o) and looked up in the outlier entries; the 3-bit halves
-    interleaved into the bytes (a_c | b_c << 4) by :func:`_mixed_three_bit_lines` (as :data:`PRMT_PAIR_MIXED` builds
-    its selectors) and looked up in the 3-bit entries (from 256 on: the offset ``l3``)."""
-    lines = _lane_offset_lines() + [f"or.b32 l3, l, {PAIR_LUT_ENTRIES << _ENTRY_SHIFT};"]
-    lines += _nibble_interleave_lines("$8", "$9", "xe", "xo", multiply=True)
-    for source, first in (("xe", 0), ("xo", 1)):
-        for k in range(2):
-            lines += _byte_lookup_lines(source, k, "l", f"${first + 2 * k}")
-    lines += _mixed_three_bit_lines("y", "xe", "xo", multiply=True)
-    for source, first in (("xe", 4), ("xo", 5)):
-        for k in range(2):
-            lines += _byte_lookup_lines(source, k, "l3", f"${first + 2 * k}")
-    return lines
-
-
-# One invocation (``pack=2``): two mixed slots A ($8) and B ($9) of a split stream -> $c = the fp16 pair (code c of A,
-# code c of B) as PRMT_PAIR_MIXED writes it, from the table of split_pair_lut_table (PAIR_LUT_FILL_SPLIT).
-PAIR_LUT_MIXED = tl.constexpr("{\n.reg .b32 l, l3, base, xe, xo, t, a, y;\n" + "\n".join(_pair_lut_mixed_lines())
-                              + "\n}")
+PAIR_LUT4 = tl.constexpr("{\n.reg .b32 l, base, xe, xo, t, a;\n" + "\n".join(_pair_lut_lines()) + "\n}")
 PAIR_LUT_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 2))
 
 
@@ -495,7 +429,7 @@ def _pair_mixed_lines() -> list[str]:
     field are masked away, so a slot's bits 28-31 may hold anything."""
     four = _with_tables(["prmt.b32 x, $8, $9, 0x5410;", *_nibble_pair_lines("x", ["$0", "$1", "$2", "$3"])],
                         ("$10", "$12", "$14", "$16"))
-    three = _mixed_three_bit_lines("x", "se", "so", multiply=False)
+    three = _mixed_three_bit_lines("x", "se", "so")
     tables3 = ("$18", "$20", "$22", "$24")
     return (four + three + _selector_lookup_lines("se", "$4", "$6", tables3)
             + _selector_lookup_lines("so", "$5", "$7", tables3))

@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 
 from ._decode import (
     PAIR_LUT4,
-    PAIR_LUT4_CONSTRAINTS,
+    PAIR_LUT_CONSTRAINTS,
     PAIR_LUT_FILL,
     PAIR_LUT_FILL_CONSTRAINTS,
     PRMT_PAIR3,
@@ -327,7 +327,7 @@ LUT_ENTRIES = gl.constexpr(gl.BlockedLayout([1, 8], [32, 1], [1, 1], [1, 0]))  #
 @gluon.jit
 def fill_pair_lut(pair_table_ptr):
     """Copy ``_decode.pair_lut_table`` (256 int32 at ``pair_table_ptr``) into the shared table the ``"lut"`` decoder
-    reads, one copy per lane (:data:`~turboquant.kernels._decode.PAIR_LUT_FILL`); once per program, before any
+    reads, a copy per two lanes (:data:`~turboquant.kernels._decode.PAIR_LUT_FILL`); once per program, before any
     lookup."""
     entries = (gl.arange(0, 32, layout=gl.SliceLayout(1, LUT_ENTRIES))[:, None] * 8
                + gl.arange(0, 8, layout=gl.SliceLayout(0, LUT_ENTRIES))[None, :])
@@ -342,7 +342,7 @@ def _decode_pairs(words, tables, BITS: gl.constexpr, DECODER: gl.constexpr):
     of the outlier codebook then the 3-bit one. ``DECODER``: ``"prmt"`` (byte-permute lookups in registers) or, for
     4-bit words, ``"lut"`` (two codes per load from the shared table of :func:`fill_pair_lut`; ``tables`` unread)."""
     if DECODER == "lut":
-        planes = gl.inline_asm_elementwise(PAIR_LUT4, PAIR_LUT4_CONSTRAINTS, [words], dtype=(gl.float16,) * 8,
+        planes = gl.inline_asm_elementwise(PAIR_LUT4, PAIR_LUT_CONSTRAINTS, [words], dtype=(gl.float16,) * 8,
                                            is_pure=True, pack=2)
     elif BITS == 4:
         planes = gl.inline_asm_elementwise(PRMT_PAIR4, PRMT_PAIR4_CONSTRAINTS,

@@ -68,11 +68,16 @@ def split_plan(cache_format: CacheFormat, batch: int, n_heads: int, n_kv_heads: 
     if kernel == "mma":
         from .mma import default_mma_splits, resolve_mma_decoder
 
-        decoder = resolve_mma_decoder(decoder, cache_format)
         block_n = block_n or 32
-        num_splits = num_splits or default_mma_splits(batch, n_kv_heads, max_tokens, device, block_n,
-                                                      n_heads // n_kv_heads, num_stages, cache_format.mma_bits,
-                                                      decoder)
+
+        def splits(mma_decoder: str) -> int:
+            return num_splits or default_mma_splits(batch, n_kv_heads, max_tokens, device, block_n,
+                                                    n_heads // n_kv_heads, num_stages, cache_format.mma_bits,
+                                                    mma_decoder)
+
+        tiles = triton.cdiv(max_tokens, splits("prmt") * block_n) if decoder == "auto" else 0
+        decoder = resolve_mma_decoder(decoder, cache_format, tiles)
+        num_splits = splits(decoder)
     else:
         decoder = resolve_decoder(decoder, device, lambda: cache_format.symmetric)
         block_n = block_n or default_block_n(cache_format, decoder)
@@ -153,9 +158,10 @@ def decode_attention_groups_triton(
             from the codebook in memory), ``"select"`` (register codebook, needs the symmetric Lloyd-Max
             codebook), ``"prmt"`` (byte-permute lookups for 3- and 4-bit groups in inline PTX: GPU only), or
             ``"auto"`` (``"prmt"`` on CUDA for symmetric codebooks, else ``"table"``: ``_decode.resolve_decoder``).
-            The register-operand kernel takes ``"prmt"`` (its ``"auto"``) or ``"lut"`` (two codes per load from a
-            pair table in shared memory, a copy per two lanes: keys and values of one layout, 3 or 4 bits or the
-            3.5-bit split, with the same codebooks; :func:`.mma.resolve_mma_decoder`).
+            The register-operand kernel takes ``"prmt"``, ``"lut"`` (two codes per load from a pair table in shared
+            memory, a copy per two lanes: 4-bit keys and values of one codebook) or ``"auto"`` (``"lut"`` where it
+            serves the cache and each split covers enough tiles to repay the table's fill, else ``"prmt"``;
+            :func:`.mma.resolve_mma_decoder`).
         inner: the multiply of the inner loop: ``"dot"`` (tensor cores, the GQA group padded to 16 rows) or
             ``"fma"`` (CUDA-core FMAs over the group's own rows; decode is a matrix-vector product per head).
         kernel: the split kernel: ``"tiles"`` (:mod:`.kernel`, every layout; ``decoder`` / ``inner`` / ``lookup``

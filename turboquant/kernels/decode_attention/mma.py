@@ -146,8 +146,8 @@ def mma_split_kernel(
     consumer is inline assembly, so the kernel does): 1, each tile loaded where it is decoded; 2, the next tile's
     loads issued before this tile is decoded (a register double buffer). ``DECODER``: ``"prmt"``, byte-permute
     lookups in registers (``*_tables``), or ``"lut"`` (4-bit keys and values of one codebook): two codes per load from
-    a shared-memory copy of ``pair_table_ptr`` (``_decode.pair_lut_table``, 256 int32; unread by ``"prmt"``), one copy
-    per lane so that no two lanes' lookups share a bank."""
+    shared-memory copies of ``pair_table_ptr`` (``_decode.pair_lut_table``, 256 int32; unread by ``"prmt"``), a copy
+    per two lanes so that at most two lanes' lookups share a bank."""
     SPLIT: gl.constexpr = KEY_BITS == SPLIT_43
     b = gl.program_id(0).to(gl.int64)
     kv_head = gl.program_id(1)
@@ -296,18 +296,25 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
 
 
 MMA_DECODERS = ("auto", "prmt", "lut")
+LUT_MIN_TILES = 32  # tiles per split from which "auto" takes "lut": its table is filled once per program
 
 
-def resolve_mma_decoder(decoder: str, cache_format: CacheFormat) -> str:
+def resolve_mma_decoder(decoder: str, cache_format: CacheFormat, tiles_per_split: int) -> str:
     """The register-operand kernel's decoder: ``"prmt"`` (byte-permute lookups in registers, every layout the kernel
-    reads; ``"auto"``) or ``"lut"`` (two codes per load from a per-lane shared-memory table: 4-bit keys and values of
-    one channel group and one codebook). ValueError naming the reason otherwise."""
+    reads) or ``"lut"`` (two codes per load from a shared-memory table: 4-bit keys and values of one channel group and
+    one codebook, :attr:`CacheFormat.mma_pair_table`). ``"auto"`` takes ``"lut"`` where it serves the cache and a
+    split covers at least :data:`LUT_MIN_TILES` tiles (``tiles_per_split``; the table's fill is paid once per program,
+    the lookups' saving once per tile: benchmarks/NOTES.md, Session 32), else ``"prmt"``. ValueError naming the reason
+    for a decoder that cannot serve the cache."""
     if decoder not in MMA_DECODERS:
         raise ValueError(f"the register-operand kernel's decoder must be one of {MMA_DECODERS}, got {decoder!r}")
-    if decoder == "lut" and (cache_format.mma_bits != (4, 4) or cache_format.mma_pair_table is None):
+    lut_serves = cache_format.mma_bits == (4, 4) and cache_format.mma_pair_table is not None
+    if decoder == "lut" and not lut_serves:
         raise ValueError("decoder='lut' reads 4-bit keys and values of one channel group sharing one codebook; "
                          f"this cache is {cache_format.mma_bits} bits, or its streams' codebooks differ")
-    return "prmt" if decoder == "auto" else decoder
+    if decoder == "auto":
+        return "lut" if lut_serves and tiles_per_split >= LUT_MIN_TILES else "prmt"
+    return decoder
 
 
 def _meta(group: int, block_n: int, stages: int, key_bits: int, value_bits: int, decoder: str) -> dict:
