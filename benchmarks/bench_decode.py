@@ -155,7 +155,7 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
                 continue
             rows.append(Row("decode", label, size, t, moved, bench.floor_us(moved),
                             f"sdpa bf16 ({base_name})", t_base,
-                            f"{plan.kernel} kernel ({plan.decoder}), rel err {err:.1e} (bf16 out)" if kw.get("lookup", True)
-                            else "diagnostic (no lookup)"))
+                            f"{plan.kernel} kernel ({plan.decoder}), rel err {err:.1e} (bf16 out)"
+                            if kw.get("lookup", True) else "diagnostic (no lookup)"))
         del keys, values
     return rows
