@@ -391,7 +391,7 @@ def test_offline_compile_for_sm90_keeps_operands_in_registers() -> None:
     for row in rows:
         assert int(row["HMMA"]) > 0 and int(row["loop"]) > 0, row
         slices = 5 if "split" in row["launch"] else 4
-        lut = row["launch"].endswith(" lut")  # its table: 16-byte stores of 4 copies before the loop, 8 loads per 16 codes
+        lut = row["launch"].endswith(" lut")  # 16-byte stores of 4 table copies before the loop, 8 loads / 16 codes
         assert int(row["LDSM"]) <= slices and int(row["STS"]) <= 2 * slices + 2 * PAIR_LUT_COPIES * lut, row
         assert row["stack"] == "0" and row["loop shared"] == ("128" if lut else "0"), row
         if lut:  # the loop's only shared-memory accesses are the lookups, one per two codes: none is the decoded tile
