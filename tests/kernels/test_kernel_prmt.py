@@ -1,4 +1,5 @@
-"""The inline-PTX decoders of ``turboquant.kernels._decode``, run by a small emulator of the PTX instructions they use.
+"""The inline-PTX decoders of ``turboquant.kernels._decode``, run by a small emulator of the PTX instructions they use
+(also the one the quantize kernel's fp16-pair code step is checked with, ``test_kernel_quantize_wgmma``).
 
 Triton's interpreter cannot run inline assembly, so the ``"prmt"`` decoders are checked here, bit for bit, against
 the codebook lookup they replace: every code value at every position of the input word, on the library's Lloyd-Max
@@ -30,13 +31,39 @@ def _prmt(a: int, b: int, selector: int) -> int:
     return out
 
 
+def _lop3(a: int, b: int, c: int, lut: int) -> int:
+    """Bit i of the result is bit (a_i b_i c_i) of ``lut`` (a the high bit: a = 0xF0, b = 0xCC, c = 0xAA)."""
+    return sum(((lut >> ((a >> i & 1) << 2 | (b >> i & 1) << 1 | (c >> i & 1))) & 1) << i for i in range(32))
+
+
+def _halves(word: int) -> np.ndarray:
+    return np.array([word & 0xFFFF, word >> 16], dtype=np.uint16).view(np.float16)
+
+
+def _pack_halves(low, high) -> int:
+    bits = np.array([low, high], dtype=np.float16).view(np.uint16)
+    return int(bits[0]) | int(bits[1]) << 16
+
+
+def _f32(word: int) -> np.float32:
+    return np.array([word], dtype=np.uint32).view(np.float32)[0]
+
+
+def _set_gt_f16x2(a: int, b: int) -> int:
+    """``set.gt.u32.f16x2``: per half, 0xFFFF where a > b (unordered: false), else 0."""
+    gt = _halves(a) > _halves(b)
+    return (0xFFFF if gt[0] else 0) | (0xFFFF0000 if gt[1] else 0)
+
+
 _OPS = {
     "and.b32": lambda a, b: a & b, "or.b32": lambda a, b: a | b, "xor.b32": lambda a, b: a ^ b,
     "shl.b32": lambda a, b: (a << b) & MASK, "shr.u32": lambda a, b: a >> b,
     "mul.lo.u32": lambda a, b: (a * b) & MASK, "mul.hi.u32": lambda a, b: (a * b) >> 32,
     "mad.lo.u32": lambda a, b, c: (a * b + c) & MASK, "add.u32": lambda a, b: (a + b) & MASK,
     "not.b32": lambda a: ~a & MASK,
-    "prmt.b32": _prmt, "mov.b32": lambda a: a, "mov.u32": lambda a: a,
+    "prmt.b32": _prmt, "mov.b32": lambda a: a, "mov.u32": lambda a: a, "lop3.b32": _lop3,
+    "cvt.rn.f16x2.f32": lambda a, b: _pack_halves(np.float16(_f32(b)), np.float16(_f32(a))),  # a: the high half
+    "abs.f16x2": lambda a: a & 0x7FFF7FFF, "set.gt.u32.f16x2": _set_gt_f16x2,
 }
 
 

@@ -23,22 +23,19 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 
 
 def _lane_words(codes_by_channel: np.ndarray, bits: int) -> np.ndarray:
     """The words the kernel stores for one row, computed as its lanes do: lane t holds accumulator columns
-    n = 8j + 2t + u, i.e. channels ``code_column_order()[n]``; slot k sums code << bits (2 jj + u) over its columns;
-    3-bit slots (24-bit groups) are cut into three words. Returns the row's int32 words in memory order."""
-    order = qw.code_column_order().numpy()
-    pairs = 4 if bits == 3 else 16 // bits
+    n = 8j + 2t + u, i.e. channels ``code_column_order(bits)[n]``; pair j is one register (u = 1 in the high half);
+    word (3 bits: group) w sums pair p << bits p over its pairs j = P w + p; a 3-bit group moves its high codes from
+    bit 16 to bit 12, and four groups are cut into three words. Returns the row's int32 words in memory order."""
+    order = qw.code_column_order(bits).numpy()
+    pairs = qw.pairs_per_word(bits)
     words = {}
     for t in range(4):
-        slots = []
-        for k in range(16 // pairs):
-            total = 0
-            for jj in range(pairs):
-                for u in range(2):
-                    n = 8 * (k * pairs + jj) + 2 * t + u
-                    total += int(codes_by_channel[order[n]]) << (bits * (2 * jj + u))
-            slots.append(total)
+        registers = [int(codes_by_channel[order[8 * j + 2 * t]]) | int(codes_by_channel[order[8 * j + 2 * t + 1]]) << 16
+                     for j in range(16)]
+        slots = [sum(registers[pairs * w + p] << (bits * p) for p in range(pairs)) & 0xFFFFFFFF
+                 for w in range(16 // pairs)]
         if bits == 3:
-            g0, g1, g2, g3 = slots
+            g0, g1, g2, g3 = [(s & 0xFFF) | ((s >> 4) & 0xFFF000) for s in slots]
             slots = [(g0 | (g1 << 24)) & 0xFFFFFFFF, (g1 >> 8) | ((g2 << 16) & 0xFFFFFFFF),
                      (g2 >> 16) | ((g3 << 8) & 0xFFFFFFFF)]
         for k, word in enumerate(slots):
@@ -102,6 +99,37 @@ def test_fma_codes_are_the_nearest_centroids(bits) -> None:
     assert np.array_equal(got[~tie], want[~tie]) and (np.abs(got - want) <= 1).all()
 
 
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+def test_f16x2_codes_are_the_nearest_centroids(bits) -> None:
+    """The fp16-pair code step's PTX (emulated, both halves of every register): exactly the midpoint count of the
+    fp16-rounded coordinate against the fp16-rounded midpoints, hence the float64 answer except within
+    2^-10 |y| + 2^-24 of a midpoint (a tie: fp16 rounding, subnormals flushed near 0), and one level off there."""
+    from tests.kernels.test_kernel_prmt import run_ptx
+
+    boundaries = np.asarray(tq.lloyd_max_codebook(128, bits).boundaries, dtype=np.float64)
+    table = qw._positive_midpoints(boundaries.tobytes(), "cpu").numpy()
+    words = {4 + 2 * k: int(w) for k, w in enumerate(table[7:].view(np.uint32))}
+    near = np.concatenate([boundaries * (1 + e) for e in (0.0, 1e-4, -1e-4, 2e-3, -2e-3)])
+    y = np.concatenate([np.random.default_rng(bits).normal(0, 0.12, 3000), near,
+                        [0.0, -0.0, 1e-30, -1e-30, 1e-6, -1e-6, 0.9, -0.9, 7e4, -7e4]]).astype(np.float32)
+    y = np.concatenate([y, y[:1]]) if y.size % 2 else y
+    bits32 = y.view(np.uint32)
+    program = qw._f16x2_code_asm(bits)
+    got = []
+    for low, high in zip(bits32[::2], bits32[1::2]):
+        out = run_ptx(program, {2: int(low), 3: int(high), **words})
+        assert out[1] == out[0]
+        got += [out[0] & 0xFFFF, out[0] >> 16]
+    got = np.array(got)
+    half, y16 = 1 << (bits - 1), y.astype(np.float16).astype(np.float64)
+    mids16 = table[:half - 1].astype(np.float16).astype(np.float64)
+    j = (np.abs(y16)[:, None] > mids16[None, :]).sum(axis=1)
+    assert np.array_equal(got, np.where(y16 > 0, half + j, half - 1 - j))
+    want = np.searchsorted(boundaries, y.astype(np.float64), side="left")
+    tie = np.abs(y[:, None].astype(np.float64) - boundaries[None, :]).min(axis=1) <= 2.0 ** -10 * np.abs(y) + 2.0 ** -24
+    assert np.array_equal(got[~tie], want[~tie]) and (np.abs(got - want) <= 1).all() and tie.sum() < y.size // 10
+
+
 @pytest.mark.parametrize("bits", [1, 2, 3])
 def test_fma_centroids_are_the_codebook(bits) -> None:
     """``_fma_centroids``: the multilinear form in the tree's level outcomes, signed by y, is c[code] (emulated in
@@ -124,23 +152,28 @@ def test_fma_centroids_are_the_codebook(bits) -> None:
 
 
 def test_sketch_operand_gives_the_qjl_signs_in_code_order() -> None:
-    """The second product: with the residual e = Pi r in the first accumulator's column order, e @ B2 holds
-    S r in :func:`code_column_order` (so its signs pack like 1-bit codes)."""
+    """The second product: with the residual e = Pi r in the first accumulator's column order (that of the MSE
+    codes' width), e @ B2 holds S r in the 1-bit codes' column order (so its signs pack like 1-bit codes)."""
     gen = torch.Generator().manual_seed(0)
     rotation = tq.make_rotation("haar", 128, seed=1).matrix().double()
     sketch = torch.randn(128, 128, generator=gen, dtype=torch.float64)
     r = torch.randn(5, 128, generator=gen, dtype=torch.float64)
-    order = qw.code_column_order()
-    accumulated = (r @ rotation.T)[:, order] @ qw._sketch_operand(rotation, sketch).double()
-    torch.testing.assert_close(accumulated, (r @ sketch.T)[:, order], rtol=2e-2, atol=2e-2)
+    for mse_bits in (1, 2, 3):
+        rows, cols = qw.code_column_order(mse_bits), qw.code_column_order(1)
+        accumulated = (r @ rotation.T)[:, rows] @ qw._sketch_operand(rotation, sketch, mse_bits).double()
+        torch.testing.assert_close(accumulated, (r @ sketch.T)[:, cols], rtol=2e-2, atol=2e-2)
 
 
-def test_each_lane_owns_32_contiguous_channels() -> None:
-    order = qw.code_column_order().numpy()
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+def test_each_lane_owns_32_contiguous_channels(bits) -> None:
+    order = qw.code_column_order(bits).numpy()
     n = np.arange(128)
     lane = (n >> 1) & 3
     assert np.array_equal(np.sort(order), n)
     assert all(np.array_equal(np.sort(order[lane == t]), np.arange(32 * t, 32 * t + 32)) for t in range(4))
+    per_word = 8 if bits == 3 else 32 // bits  # a pair's two codes: the same word, half a word apart
+    assert np.array_equal(order[1::2] - order[::2], np.full(64, per_word // 2))
+    assert np.array_equal(order[1::2] // per_word, order[::2] // per_word)
 
 
 def test_refusals() -> None:
@@ -184,7 +217,7 @@ def test_bf16_rows_match_reference_on_gpu(bits) -> None:
 
 def test_option_choices() -> None:
     """Each kernel's own options pick it under ``kernel="auto"``; an option the chosen kernel lacks is refused."""
-    assert [qw.default_code_step(b) for b in (1, 2, 3, 4)] == ["tree", "tree", "tree", "fma"]
+    assert [qw.default_code_step(b) for b in (1, 2, 3, 4)] == ["f16x2"] * 4
     device = "cuda" if torch.cuda.is_available() else "cpu"
     x = torch.randn(8, 128, device=device).half()
     cb = tq.lloyd_max_codebook(128, 4)
@@ -192,46 +225,55 @@ def test_option_choices() -> None:
     for bad in ({"nearest": "table"}, {"lookup": False}):  # the wgmma kernel has neither
         with pytest.raises(ValueError, match="no cell table"):
             quantize_mse_triton(x, eye, cb.boundaries, 4, kernel="wgmma", **bad)
-    with pytest.raises(ValueError, match="'fma' is the wgmma kernel's"):
-        quantize_mse_triton(x, eye, cb.boundaries, 4, kernel="tiles", nearest="fma")
-    if qw.wgmma_quantize_unsupported(x, 4) is not None:  # off Hopper, "fma" asks for wgmma and says why it cannot
-        with pytest.raises(ValueError, match="kernel='wgmma' cannot serve"):
-            quantize_mse_triton(x, eye, cb.boundaries, 4, nearest="fma")
+    for step in ("fma", "f16x2"):
+        with pytest.raises(ValueError, match=f"'{step}' is the wgmma kernel's"):
+            quantize_mse_triton(x, eye, cb.boundaries, 4, kernel="tiles", nearest=step)
+        if qw.wgmma_quantize_unsupported(x, 4) is not None:  # off Hopper, it asks for wgmma and says why it cannot
+            with pytest.raises(ValueError, match="kernel='wgmma' cannot serve"):
+                quantize_mse_triton(x, eye, cb.boundaries, 4, nearest=step)
 
 
 def test_offline_compile_for_sm90() -> None:
-    """Every width compiles for sm_90 with four HGMMA per tile and no spills; the codes leave the accumulator
-    without shared memory (the only shared stores: the rotation once, the unit rows' operand conversion)."""
+    """Every width and code step compiles for sm_90 with four HGMMA per tile and no spills; the codes leave the
+    accumulator without shared memory (the only shared stores: the rotation once, the unit rows' operand
+    conversion); the fp16-pair step is the shortest loop at every width, with no selects left."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-m", "benchmarks.compile_offline", "--ops", "quantize"],
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     header = next(line for line in run.stdout.splitlines() if line.startswith("| launch"))
     keys = [k.strip() for k in header.strip("|").split("|")]
-    rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
-            if "quantize_wgmma_kernel" in line]
-    launches = [f"quantize b={b} wgmma {nearest}" for nearest in ("tree", "fma") for b in (4, 3, 2, 1)]
-    launches += [f"quantize b=4 wgmma {nearest} 4/SM no prefetch" for nearest in ("tree", "fma")]
-    launches += [f"quantize prod b={b} wgmma" for b in (4, 3, 2)]
-    assert [row["launch"] for row in rows] == launches + ["quantize b=4 wgmma bf16 rows"]
-    for row in rows[:10]:
+    rows = {row["launch"]: row for row in (dict(zip(keys, (c.strip() for c in line.strip("|").split("|"))))
+                                           for line in run.stdout.splitlines() if "quantize_wgmma_kernel" in line)}
+    steps = qw.CODE_STEPS
+    launches = [f"quantize b={b} wgmma {nearest}" for nearest in steps for b in (4, 3, 2, 1)]
+    no_prefetch = [f"quantize b=4 wgmma {nearest} 4/SM no prefetch" for nearest in steps]
+    prod = [f"quantize prod b={b} wgmma" for b in (4, 3, 2)]
+    assert list(rows) == launches + no_prefetch + prod + ["quantize b=4 wgmma bf16 rows"]
+    for name in launches + no_prefetch:
+        row = rows[name]
         assert row["stack"] == "0" and int(row["HGMMA"]) > 0 and int(row["STS"]) <= 24, row
-    assert all(int(row["regs"]) <= 128 for row in rows[8:10])  # four programs of 4 warps fit an SM's registers
-    for row in rows[10:13]:  # prod: a second product, its operand (the residual) converted in registers; at 255
-        # registers (Triton 3.6: no spills; 3.9 spills 24 bytes)
-        assert int(row["stack"]) <= 64 and int(row["HGMMA"]) == 2 * int(rows[0]["HGMMA"]), row
-        assert int(row["LDSM"]) == int(rows[0]["LDSM"]) and int(row["STS"]) <= 40, row
-    for tree, fma in zip(rows[:3], rows[4:7]):  # 4-2 bits: the FMA code step has no selects left
-        assert int(fma["SEL"]) < int(tree["SEL"]) / 10, (tree, fma)
-    bf16 = rows[13]  # bf16 rows: the fp16 kernel's loads and product, one conversion per element more
-    assert bf16["stack"] == "0" and bf16["HGMMA"] == rows[4]["HGMMA"] and bf16["STS"] == rows[4]["STS"], bf16
+    assert all(int(rows[name]["regs"]) <= 128 for name in no_prefetch)  # four programs of 4 warps fit an SM
+    first = rows[launches[0]]
+    for name in prod:  # a second product, its operand (the residual) converted in registers; at 255 registers
+        # (Triton 3.6: no spills; 3.9 spills 24 bytes)
+        row = rows[name]
+        assert int(row["stack"]) <= 64 and int(row["HGMMA"]) == 2 * int(first["HGMMA"]), row
+        assert int(row["LDSM"]) == int(first["LDSM"]) and int(row["STS"]) <= 40, row
+    for b in (4, 3, 2, 1):
+        loops = {nearest: int(rows[f"quantize b={b} wgmma {nearest}"]["loop"]) for nearest in steps}
+        assert min(loops, key=loops.get) == "f16x2", (b, loops)
+        assert int(rows[f"quantize b={b} wgmma f16x2"]["SEL"]) <= int(rows[f"quantize b={b} wgmma tree"]["SEL"])
+    bf16 = rows["quantize b=4 wgmma bf16 rows"]  # bf16 rows: the fp16 kernel's loads and product
+    default = rows[f"quantize b=4 wgmma {qw.default_code_step(4)}"]
+    assert bf16["stack"] == "0" and bf16["HGMMA"] == default["HGMMA"] and bf16["STS"] == default["STS"], bf16
 
 
 @pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
 @pytest.mark.parametrize("bits", [1, 2, 3, 4])
 @pytest.mark.parametrize("n", [1, 70, 5000])
 @pytest.mark.parametrize("nearest, programs_per_sm, num_stages", [("tree", None, None), ("fma", None, None),
-                                                                   ("tree", 4, 1)])
+                                                                   ("f16x2", None, None), ("f16x2", 4, 1)])
 def test_matches_reference_on_gpu(bits, n, nearest, programs_per_sm, num_stages) -> None:
     gen = torch.Generator().manual_seed(n + bits)
     cb = tq.lloyd_max_codebook(128, bits)

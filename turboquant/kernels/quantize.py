@@ -141,7 +141,7 @@ def nearest_operands(boundaries: torch.Tensor | np.ndarray, nearest: str, device
     each new token), and the kernels only read the table."""
     if nearest not in ("table", "tree", "none"):
         raise ValueError(f"the tile kernel's nearest step is 'table' or 'tree', got {nearest!r}"
-                         + (" ('fma' is the wgmma kernel's)" if nearest == "fma" else ""))
+                         + (f" ({nearest!r} is the wgmma kernel's)" if nearest in ("fma", "f16x2") else ""))
     bnd = _as_numpy(boundaries)  # "none" reads the cell table too: one cached copy for both
     return _device_operands(bnd.tobytes(), "tree" if nearest == "tree" else "table", str(torch.device(device)))
 
@@ -312,15 +312,16 @@ def quantize_mse_triton(
         lookup: False skips the nearest-centroid step and returns wrong codes (benchmark attribution only).
         nearest: the nearest-centroid step. The tile kernel's: ``"table"`` (cell-table gather, its default) or
             ``"tree"`` (midpoint binary search in registers, symmetric codebooks; module docstring). The wgmma
-            kernel's: ``"tree"`` or ``"fma"`` (the tree's levels as saturating FMAs,
-            :func:`~turboquant.kernels.quantize_wgmma._fma_codes`); its default by width,
+            kernel's: ``"tree"``, ``"fma"`` (the tree's levels as saturating FMAs,
+            :func:`~turboquant.kernels.quantize_wgmma._fma_codes`) or ``"f16x2"`` (the tree on fp16 pairs,
+            :func:`~turboquant.kernels.quantize_wgmma._f16x2_codes`); its default,
             :func:`~turboquant.kernels.quantize_wgmma.default_code_step`. None: the chosen kernel's default.
         kernel: ``"tiles"`` (this module's kernel; the options above tune it), ``"wgmma"``
             (:mod:`turboquant.kernels.quantize_wgmma`, Gluon, Hopper only: float16 or bfloat16 rows of 128 channels,
             symmetric codebooks; ``block_n`` and ``num_warps`` unused) or ``"auto"``: ``"wgmma"`` where it serves
             (``turboquant.backends.quantize_kernel``), else ``"tiles"``; ``"tiles"`` as well when ``nearest`` is
             ``"table"`` or ``"tree"`` or ``lookup`` is False (the tile kernel's own options), ``"wgmma"`` when it is
-            ``"fma"``.
+            ``"fma"`` or ``"f16x2"``.
 
     Returns:
         ``(codes, norms)``: uint8 (..., ceil(dim * bits / 8)) in the library's packed layout, and
@@ -331,15 +332,15 @@ def quantize_mse_triton(
     bytes_per_group, codes_per_group = group_geometry(bits)
     if len(_as_numpy(boundaries)) != 2 ** bits - 1:
         raise ValueError(f"{bits}-bit codebook needs {2 ** bits - 1} boundaries")
-    if nearest not in (None, "table", "tree", "fma"):
-        raise ValueError(f"nearest must be None, 'table', 'tree' or 'fma', got {nearest!r}")
+    if nearest not in (None, "table", "tree", "fma", "f16x2"):
+        raise ValueError(f"nearest must be None, 'table', 'tree', 'fma' or 'f16x2', got {nearest!r}")
     if kernel == "auto" and (nearest in ("table", "tree") or not lookup):
         kernel = "tiles"  # the tile kernel's own options were asked for
-    if kernel == "auto" and nearest == "fma":
+    if kernel == "auto" and nearest in ("fma", "f16x2"):
         kernel = "wgmma"  # wgmma's own option: fails loudly, naming why, where wgmma cannot run
     if kernel == "wgmma" and (nearest == "table" or not lookup):
         raise ValueError("the wgmma quantize kernel has no cell table and always looks up: nearest must be "
-                         f"None, 'tree' or 'fma' and lookup True, got nearest={nearest!r}, lookup={lookup}")
+                         f"None, 'tree', 'fma' or 'f16x2' and lookup True, got nearest={nearest!r}, lookup={lookup}")
     if kernel != "tiles":
         kernel = quantize_kernel(kernel, None, wgmma_unsupported(x, bits)).chosen  # the device judged there
     if kernel == "wgmma":

@@ -10,14 +10,15 @@ A persistent program is one warpgroup (4 warps) and owns tiles of 64 rows. Per t
                                       positive midpoints, held as scalars),
 
 and the codes go to memory straight from the accumulator. Lane 4g + t of a warp holds accumulator columns
-8j + 2t + u (j = 0..15, u = 0, 1) of its rows; B's column permutation puts rotated channel 32t + 2j + u there, so each
-lane owns the contiguous channels 32t .. 32t + 31 of a row: b 32-bit words of the packed row (16 / 12 / 8 / 4 bytes
-at b = 4 / 3 / 2 / 1), which it assembles with in-register shifts and sums and stores without an exchange. The rows
-are loaded coalesced (16 bytes per lane) and the next tile's loads are issued before the current tile is computed.
+8j + 2t + u (j = 0..15, u = 0, 1) of its rows; B's column permutation (:func:`code_column_order`) puts there the
+rotated channels 32t .. 32t + 31, each column pair (u = 0, 1) two codes of one packed word, 16 bits apart. So a lane
+assembles b 32-bit words of the packed row (16 / 12 / 8 / 4 bytes at b = 4 / 3 / 2 / 1) from one register per pair,
+with a shift-add per pair, and stores them without an exchange. The default code step (``"f16x2"``) runs the tree on
+both coordinates of a pair at once in fp16. The rows are loaded coalesced (16 bytes per lane) and the next tile's
+loads are issued before the current tile is computed.
 
-The codes equal :func:`turboquant.kernels.quantize.quantize_mse_triton`'s (both multiply fp16 unit rows by the
-fp16-rounded rotation with fp32 sums): the float64 reference differs only for coordinates within ~1e-3 |y| of a
-midpoint. GPU only (Gluon has no interpreter); :func:`wgmma_quantize_unsupported` says what it does not read.
+The unit rows and the rotation are fp16 with fp32 sums, as in :func:`turboquant.kernels.quantize.quantize_mse_triton`;
+the float64 reference's codes differ only for coordinates within ~1e-3 |y| of a midpoint. GPU only (Gluon has no interpreter); :func:`wgmma_quantize_unsupported` says what it does not read.
 """
 from __future__ import annotations
 
@@ -42,12 +43,23 @@ TILE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # 64 x 12
 SHARED_B = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 
 
+def pairs_per_word(bits: int) -> int:
+    """Accumulator column pairs (u = 0, 1) whose codes share a packed 32-bit word: 32 / (2 b) codes pairs; at 3 bits
+    the 4 pairs of a 24-bit group of 8 codes."""
+    return 4 if bits == 3 else 16 // bits
+
+
 @functools.cache
-def code_column_order(device: torch.device | str = "cpu") -> torch.Tensor:
-    """Rotated channel computed in accumulator column n: with n = 8j + 2t + u, channel 32t + 2j + u, so lane t of a
-    quad holds the channels 32t .. 32t + 31 of its rows. Made once per ``device``, shared."""
+def code_column_order(bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Rotated channel computed in accumulator column n = 8j + 2t + u for ``bits``-bit codes: with P =
+    :func:`pairs_per_word`, channel 32t + 2P (j div P) + (j mod P) + P u. Lane t of a quad holds the channels
+    32t .. 32t + 31 of its rows, and the column pair (j, u = 0 / 1), once one register with u = 1 in its high half,
+    holds codes p = j mod P and p + P of word (3 bits: group) j div P: at bits b p and 16 + b p = b (p + P), where the
+    word's layout puts them. Made once per width and device, shared."""
     n = torch.arange(HEAD_DIM)
-    return (32 * ((n >> 1) & 3) + 2 * (n >> 3) + (n & 1)).to(device)
+    j, t, u = n >> 3, (n >> 1) & 3, n & 1
+    pairs = pairs_per_word(bits)
+    return (32 * t + 2 * pairs * (j // pairs) + j % pairs + pairs * u).to(device)
 
 
 def wgmma_quantize_unsupported(x: torch.Tensor, bits: int) -> str | None:
@@ -155,16 +167,90 @@ def _fma_centroids(y, levels, g0, g1, g2, g3, BITS: gl.constexpr):
     return gl.fma(_positive(y), 2.0 * magnitude, -magnitude)
 
 
+def _f16x2_code_lines(bits: int) -> list[str]:
+    """PTX of :func:`_f16x2_codes` for ``bits``: inputs y_0, y_1 ($2, $3, float32), the positive midpoints m_k as fp16
+    pairs ($4 + 2k); output $0 (and $1, the same): the pair's codes in the low bits of each half. ``set.gt.u32.f16x2``
+    gives a 0xFFFF / 0 mask per half (ptxas folds the |.| into it), ``lop3`` 0xE4 selects by a mask, 0x6A is
+    (a & b) ^ c. The tree's levels give j; code = j ^ (y > 0 ? h : h - 1) with h = 2^(b-1) (j < h)."""
+    half = 1 << (bits - 1)
+    pair = lambda v: f"0x{v:04X}{v:04X}"  # noqa: E731
+    lines = ["cvt.rn.f16x2.f32 h, $3, $2;", "abs.f16x2 a, h;", "mov.b32 z, 0;", "set.gt.u32.f16x2 p, h, z;",
+             f"lop3.b32 t, p, {pair(2 * half - 1)}, {pair(half - 1)}, 0x6A;"]  # (y > 0 ? 2h - 1 : 0) ^ (h - 1)
+    if bits == 4:
+        lines += ["set.gt.u32.f16x2 c, a, $10;",  # c2 = |y| > m3
+                  f"lop3.b32 t, c, {pair(4)}, t, 0x6A;",
+                  "lop3.b32 u, $14, $6, c, 0xE4;",  # c2 ? m5 : m1
+                  "lop3.b32 v, $12, $4, c, 0xE4;",  # c2 ? m4 : m0
+                  "lop3.b32 w, $16, $8, c, 0xE4;",  # c2 ? m6 : m2
+                  "set.gt.u32.f16x2 c, a, u;",  # c1
+                  f"lop3.b32 t, c, {pair(2)}, t, 0x6A;",
+                  "lop3.b32 u, w, v, c, 0xE4;"]  # c1 ? (c2 ? m6 : m2) : (c2 ? m4 : m0)
+    elif bits == 3:
+        lines += ["set.gt.u32.f16x2 c, a, $6;",  # c1 = |y| > m1
+                  f"lop3.b32 t, c, {pair(2)}, t, 0x6A;",
+                  "lop3.b32 u, $8, $4, c, 0xE4;"]  # c1 ? m2 : m0
+    elif bits == 2:
+        lines += ["mov.b32 u, $4;"]
+    if bits > 1:
+        lines += ["set.gt.u32.f16x2 c, a, u;", f"lop3.b32 t, c, {pair(1)}, t, 0x6A;"]  # c0
+    return lines + ["mov.b32 $0, t;", "mov.b32 $1, t;"]
+
+
+def _f16x2_code_asm(bits: int) -> str:
+    return "{\n.reg .b32 h, a, z, p, t, c, u, v, w;\n" + "\n".join(_f16x2_code_lines(bits)) + "\n}"
+
+
+F16X2_CODES_1, F16X2_CODES_2, F16X2_CODES_3, F16X2_CODES_4 = (gl.constexpr(_f16x2_code_asm(b)) for b in (1, 2, 3, 4))
+F16X2_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 2 + ["r"] * 16))
+
+
 @gluon.jit
-def _slots(codes, BITS: gl.constexpr):
-    """(64, 128) codes in :data:`ACC` -> (64, 4 lanes t, slots): slot k of lane t packs the codes of rotated channels
-    32t + k W .. 32t + (k + 1) W - 1 (W = 8 for b = 3, else 32 / b), channel c at bits BITS * (c mod W)."""
-    PAIRS: gl.constexpr = 4 if BITS == 3 else 16 // BITS  # accumulator column pairs (j) per slot
-    SLOTS: gl.constexpr = 16 // PAIRS
-    n = gl.arange(0, 128, layout=gl.SliceLayout(0, ACC))
-    shift = BITS * (2 * ((n >> 3) % PAIRS) + (n & 1))
-    x = gl.reshape(codes << shift[None, :], [64, SLOTS, PAIRS, 4, 2])  # n = 8 (PAIRS k + jj) + 2t + u
-    return gl.permute(gl.sum(gl.sum(x, axis=4), axis=2), [0, 2, 1])
+def _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS: gl.constexpr):
+    """The codes of :func:`_tree_codes` for pairs of coordinates in one register: the tree on fp16 pairs, two
+    coordinates per instruction, with masks instead of outcomes (:func:`_f16x2_code_lines`). ``w0`` .. ``w6``: the
+    positive midpoints as int32 words of two equal fp16 halves (scalars). Returns (64, 128) int32 whose columns
+    8j + 2t and 8j + 2t + 1 both hold the pair's register (:func:`_pair_registers`). The fp16 rounding of y and
+    of the midpoints moves a coordinate's code only within ~2^-11 |y| of a midpoint (a tie)."""
+    if BITS == 1:
+        asm: gl.constexpr = F16X2_CODES_1
+    elif BITS == 2:
+        asm: gl.constexpr = F16X2_CODES_2
+    elif BITS == 3:
+        asm: gl.constexpr = F16X2_CODES_3
+    else:
+        asm: gl.constexpr = F16X2_CODES_4
+    return gl.inline_asm_elementwise(asm, F16X2_CONSTRAINTS, [y, w0, w1, w2, w3, w4, w5, w6], dtype=gl.int32,
+                                     is_pure=True, pack=2)
+
+
+@gluon.jit
+def _column_pairs(codes):
+    """(64, 128) int32 codes in :data:`ACC` -> (64, 4 lanes t, 16 pairs j): the codes of columns 8j + 2t and
+    8j + 2t + 1 in one register, the second in the high half (a register per pair, not an exchange)."""
+    lo, hi = gl.split(gl.reshape(codes, [64, 16, 4, 2]))
+    return gl.permute(lo | (hi << 16), [0, 2, 1])
+
+
+@gluon.jit
+def _pair_registers(pairs):
+    """(64, 128) int32 in :data:`ACC` whose columns 8j + 2t and 8j + 2t + 1 both hold the pair's register (the
+    :func:`_f16x2_codes` step's output) -> (64, 4 lanes t, 16 pairs j), one each."""
+    lo, hi = gl.split(gl.reshape(pairs, [64, 16, 4, 2]))
+    return gl.permute(lo, [0, 2, 1])
+
+
+@gluon.jit
+def _words(pairs, BITS: gl.constexpr):
+    """(64, 4, 16) pair registers (:func:`code_column_order`) -> (64, 4, 16 / P) the sums of pair p << BITS p over
+    the P = :func:`pairs_per_word` pairs of each word (3 bits: 24-bit group), a shift-add per pair (``LEA``), as a
+    tree over p: the low code of pair p lands at bits BITS p, the high one at 16 + BITS p."""
+    P: gl.constexpr = 4 if BITS == 3 else 16 // BITS
+    LEVELS: gl.constexpr = 2 if P == 4 else (3 if P == 8 else 4)
+    x = gl.reshape(pairs, [64, 4, 16 // P, P])
+    for level in gl.static_range(LEVELS):
+        even, odd = gl.split(gl.reshape(x, [64, 4, 16 // P, P >> (level + 1), 2]))
+        x = even + (odd << (BITS << level))
+    return gl.reshape(x, [64, 4, 16 // P])
 
 
 @gluon.jit
@@ -178,19 +264,20 @@ def _store_words(words, code_words_ptr, row0, n_rows, stride_words, first, step)
 
 
 @gluon.jit
-def _store_codes(codes, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
-    """Pack (64, 128) int32 codes held in :data:`ACC` (columns in :func:`code_column_order`) into the library's bit
-    stream: lane t writes words BITS t .. BITS t + BITS - 1 of each of its rows."""
-    slots = _slots(codes, BITS)  # (64, t, slot)
-    if BITS == 3:  # four 24-bit groups g0..g3 (slots) -> words 3t, 3t + 1, 3t + 2
-        even, odd = gl.split(gl.reshape(slots.to(gl.uint32, bitcast=True), [64, 4, 2, 2]))
+def _store_codes(pairs, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
+    """Pack (64, 4 lanes t, 16 pairs j) code pairs (:func:`_column_pairs`, :func:`_pair_registers`) into the
+    library's bit stream: lane t writes words BITS t .. BITS t + BITS - 1 of each of its rows."""
+    words = _words(pairs, BITS)  # (64, t, word), 3 bits: (64, t, group) with the group's high codes at bit 16
+    if BITS == 3:  # four 24-bit groups g0..g3 -> words 3t, 3t + 1, 3t + 2
+        groups = (words & 0xFFF) | ((words >> 4) & 0xFFF000)  # codes 4-7 from bits 16-27 down to 12-23
+        even, odd = gl.split(gl.reshape(groups.to(gl.uint32, bitcast=True), [64, 4, 2, 2]))
         g0, g2 = gl.split(even)
         g1, g3 = gl.split(odd)
         _store_words(g0 | (g1 << 24), code_words_ptr, row0, n_rows, stride_words, 0, 3)
         _store_words((g1 >> 8) | (g2 << 16), code_words_ptr, row0, n_rows, stride_words, 1, 3)
         _store_words((g2 >> 16) | (g3 << 8), code_words_ptr, row0, n_rows, stride_words, 2, 3)
-    else:  # slot k of lane t is word BITS t + k
-        _store_words(gl.reshape(slots, [64, 4 * BITS]), code_words_ptr, row0, n_rows, stride_words, 0, 1)
+    else:  # word k of lane t is word BITS t + k
+        _store_words(gl.reshape(words, [64, 4 * BITS]), code_words_ptr, row0, n_rows, stride_words, 0, 1)
 
 
 @gluon.jit
@@ -214,18 +301,23 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
                           sketch_ptr, magnitude_ptr, sign_words_ptr, residual_norms_ptr, stride_sign_words,
                           BITS: gl.constexpr, NEAREST: gl.constexpr, PROD: gl.constexpr, PREFETCH: gl.constexpr):
     """Persistent grid over tiles of 64 rows (module docstring). ``b_ptr``: (128, 128) fp16 B = Pi^T with columns in
-    :func:`code_column_order`; ``mid_ptr``: the 2^(b-1) - 1 positive midpoints (float32, padded to 7 entries);
-    ``code_words_ptr``: the packed rows as int32 words (4 b per row); ``NEAREST``: ``"tree"`` (:func:`_tree_codes`)
-    or ``"fma"`` (:func:`_fma_codes`). ``PROD`` (TurboQuant_prod, Algorithm 2; b = ``BITS`` + 1, the codes from
+    :func:`code_column_order`; ``mid_ptr``: the positive midpoints (:func:`_positive_midpoints`); ``code_words_ptr``:
+    the packed rows as int32 words (4 b per row); ``NEAREST``: ``"tree"`` (:func:`_tree_codes`), ``"fma"``
+    (:func:`_fma_codes`) or ``"f16x2"`` (:func:`_f16x2_codes`). ``PROD`` (TurboQuant_prod, Algorithm 2; b = ``BITS`` + 1, the codes from
     :func:`_fma_levels`): also the residual e = y - c[code] of the unit row in the rotated basis, its norm
     (``residual_norms_ptr``; ||r|| = ||e||) and the QJL sign bits [S r >= 0] = [M e >= 0], M = S Pi^T, from a second
-    ``wgmma`` with e as the register operand and ``sketch_ptr`` = M^T, rows and columns in :func:`code_column_order`,
-    stored from its accumulator as 1-bit codes (``sign_words_ptr``, 4 words per row); ``magnitude_ptr``: the
+    ``wgmma`` with e as the register operand and ``sketch_ptr`` = M^T (:func:`_sketch_operand`), stored from its
+    accumulator as 1-bit codes (``sign_words_ptr``, 4 words per row); ``magnitude_ptr``: the
     codebook's positive centroids g0 < g1 < ... (float32, padded to 4 entries). The pointers of the unused stage are
     never read. ``PREFETCH``: load the next tile's rows into registers before computing this one (32 more registers
     per thread) or not (more resident programs within the register file)."""
     m0, m1, m2, m3 = gl.load(mid_ptr), gl.load(mid_ptr + 1), gl.load(mid_ptr + 2), gl.load(mid_ptr + 3)
     m4, m5, m6 = gl.load(mid_ptr + 4), gl.load(mid_ptr + 5), gl.load(mid_ptr + 6)
+    if NEAREST == "f16x2":  # the same midpoints as pairs of fp16 (entries 7-13, int32 words stored as float32)
+        w0, w1 = gl.load(mid_ptr + 7).to(gl.int32, bitcast=True), gl.load(mid_ptr + 8).to(gl.int32, bitcast=True)
+        w2, w3 = gl.load(mid_ptr + 9).to(gl.int32, bitcast=True), gl.load(mid_ptr + 10).to(gl.int32, bitcast=True)
+        w4, w5 = gl.load(mid_ptr + 11).to(gl.int32, bitcast=True), gl.load(mid_ptr + 12).to(gl.int32, bitcast=True)
+        w6 = gl.load(mid_ptr + 13).to(gl.int32, bitcast=True)
     b = _shared_operand(b_ptr)
     if PROD:
         g0, g1 = gl.load(magnitude_ptr), gl.load(magnitude_ptr + 1)
@@ -259,34 +351,44 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
                      mask=residual_rows < n_rows)
             z = warpgroup_mma(gl.convert_layout(residual.to(gl.float16), OPERAND_A), sketch,
                               gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
-            _store_codes((z >= 0).to(gl.int32), sign_words_ptr, tile * BLOCK_M, n_rows, stride_sign_words, 1)
+            _store_codes(_column_pairs((z >= 0).to(gl.int32)), sign_words_ptr, tile * BLOCK_M, n_rows,
+                         stride_sign_words, 1)
+            pairs = _column_pairs(codes)
+        elif NEAREST == "f16x2":
+            pairs = _pair_registers(_f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS))
         elif NEAREST == "fma":
-            codes = _fma_codes(y, _fma_levels(gl.abs(y), m0, m1, m2, m3, m4, m5, m6, BITS), BITS)
+            pairs = _column_pairs(_fma_codes(y, _fma_levels(gl.abs(y), m0, m1, m2, m3, m4, m5, m6, BITS), BITS))
         else:
-            codes = _tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS)
-        _store_codes(codes, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
+            pairs = _column_pairs(_tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS))
+        _store_codes(pairs, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
         if PREFETCH:
             x = x_next
 
 
 @functools.lru_cache(maxsize=64)
 def _positive_midpoints(midpoints: bytes, device: str) -> torch.Tensor:
-    """The 2^(b-1) - 1 positive midpoints of a symmetric codebook, float32 padded to 7 entries, on ``device`` (built
-    once per codebook and device: the launch then copies nothing from the host, as a CUDA-graph capture needs)."""
+    """The 2^(b-1) - 1 positive midpoints of a symmetric codebook, float32 padded to 7 entries, then the same
+    rounded to fp16 as int32 words of two equal halves (what :func:`_f16x2_codes` compares with; stored as float32
+    bits, 14 entries in all), on ``device`` (built once per codebook and device: the launch then copies nothing from
+    the host, as a CUDA-graph capture needs)."""
     bnd = np.frombuffer(midpoints, dtype=np.float64)
     if not np.allclose(bnd, -bnd[::-1], rtol=0, atol=1e-7) or np.any(np.diff(bnd) <= 0):
         raise ValueError("the warpgroup-MMA quantize kernel needs sorted symmetric midpoints (a Lloyd-Max codebook)")
     padded = np.zeros(7, dtype=np.float32)
     positive = bnd[bnd.size // 2 + 1:]
     padded[:positive.size] = positive
-    return torch.tensor(padded, device=device)
+    halves = padded.astype(np.float16).view(np.uint16).astype(np.uint32)
+    words = (halves | halves << 16).view(np.float32)
+    return torch.tensor(np.concatenate([padded, words]), device=device)
+
+
+CODE_STEPS = ("tree", "fma", "f16x2")
 
 
 def default_code_step(bits: int) -> str:
-    """The code step of :func:`quantize_mse_wgmma` unless one is asked for: the saturating-FMA chain
-    (:func:`_fma_codes`) at 4 bits, where the midpoint tree's selects bind the ALU pipe, the tree at 1-3 bits, where
-    it has at most three levels (the H200 timings behind this: ``benchmarks/NOTES.md``, session 18)."""
-    return "fma" if bits == 4 else "tree"
+    """The code step of :func:`quantize_mse_wgmma` unless one is asked for: the midpoint tree on fp16 pairs
+    (:func:`_f16x2_codes`), two coordinates per instruction, at every width (``benchmarks/NOTES.md``, session 33)."""
+    return "f16x2"
 
 
 def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
@@ -295,12 +397,12 @@ def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundarie
     """Codes and norms of ``x`` (..., 128) float16 or bfloat16 as
     :func:`~turboquant.kernels.quantize.quantize_mse_triton` returns them (inputs checked there and by
     :func:`wgmma_quantize_unsupported`), computed by :func:`quantize_wgmma_kernel`; ``boundaries`` the codebook's
-    midpoints as float64; ``nearest``: ``"tree"`` or ``"fma"`` (the code step, :func:`quantize_wgmma_kernel`), None
-    for :func:`default_code_step`; ``programs_per_sm``: resident programs per SM (the register budget of each,
+    midpoints as float64; ``nearest``: one of :data:`CODE_STEPS` (the code step, :func:`quantize_wgmma_kernel`),
+    None for :func:`default_code_step`; ``programs_per_sm``: resident programs per SM (the register budget of each,
     ``maxnreg``, is set so that they fit); ``prefetch``: the kernel's ``PREFETCH``."""
     nearest = default_code_step(bits) if nearest is None else nearest
-    if nearest not in ("tree", "fma"):
-        raise ValueError(f"the warpgroup-MMA quantize kernel's nearest step is 'tree' or 'fma', got {nearest!r}")
+    if nearest not in CODE_STEPS:
+        raise ValueError(f"the warpgroup-MMA quantize kernel's nearest step is one of {CODE_STEPS}, got {nearest!r}")
     rows, lead_shape = as_rows(x)
     codes = torch.empty((rows.shape[0], packed_size(HEAD_DIM, bits)), dtype=torch.uint8, device=x.device)
     norms = torch.empty((rows.shape[0],), dtype=norms_dtype, device=x.device)
@@ -322,7 +424,8 @@ def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundari
     signs = torch.empty((n_rows, packed_size(HEAD_DIM, 1)), dtype=torch.uint8, device=x.device)
     norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
     residual_norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
-    prod = (_sketch_operand(rotation_matrix, qjl_matrix), _positive_magnitudes(centroids), signs, residual_norms)
+    prod = (_sketch_operand(rotation_matrix, qjl_matrix, mse_bits), _positive_magnitudes(centroids), signs,
+            residual_norms)
     _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, "fma", programs_per_sm, True)
     return (codes.reshape(*lead_shape, codes.shape[-1]), signs.reshape(*lead_shape, signs.shape[-1]),
             norms.reshape(lead_shape), residual_norms.reshape(lead_shape))
@@ -341,25 +444,27 @@ def _launch(rows: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.nd
     sketch, magnitudes, signs, residual_norms = prod if prod is not None else (rows, mids, codes, norms)
     n_sm = torch.cuda.get_device_properties(rows.device).multi_processor_count if rows.is_cuda else 4
     grid = (min(triton.cdiv(n_rows, BLOCK_M.value), programs_per_sm * n_sm),)
-    quantize_wgmma_kernel[grid](rows, _code_operand(rotation_matrix), mids, codes.view(torch.int32), norms, n_rows,
+    quantize_wgmma_kernel[grid](rows, _code_operand(rotation_matrix, bits), mids, codes.view(torch.int32), norms, n_rows,
                                 rows.stride(0), codes.shape[1] // 4, sketch, magnitudes, signs.view(torch.int32),
                                 residual_norms, signs.shape[1] // 4, BITS=bits, NEAREST=nearest,
                                 PROD=prod is not None, PREFETCH=prefetch, num_warps=4,
                                 maxnreg=min(255, 65536 // (128 * programs_per_sm) // 8 * 8))
 
 
-def _code_operand(rotation_matrix: torch.Tensor) -> torch.Tensor:
-    """B = Pi^T (128 x 128 fp16) with columns in :func:`code_column_order`."""
-    order = code_column_order(rotation_matrix.device)
+def _code_operand(rotation_matrix: torch.Tensor, bits: int) -> torch.Tensor:
+    """B = Pi^T (128 x 128 fp16) with columns in :func:`code_column_order` of ``bits``."""
+    order = code_column_order(bits, rotation_matrix.device)
     return rotation_matrix.T[:, order].to(torch.float16).contiguous()
 
 
-def _sketch_operand(rotation_matrix: torch.Tensor, qjl_matrix: torch.Tensor) -> torch.Tensor:
+def _sketch_operand(rotation_matrix: torch.Tensor, qjl_matrix: torch.Tensor, mse_bits: int) -> torch.Tensor:
     """The second ``wgmma``'s B: (S Pi^T)^T (128 x 128 fp16), rows (the residual's rotated channels, as the first
-    product's accumulator holds them) and columns (the sign channels) in :func:`code_column_order`."""
-    order = code_column_order(rotation_matrix.device)
+    product's accumulator holds them) in :func:`code_column_order` of ``mse_bits``, columns (the sign channels) in
+    that of 1-bit codes."""
+    rows = code_column_order(mse_bits, rotation_matrix.device)
+    cols = code_column_order(1, rotation_matrix.device)
     sketch = qjl_matrix.to(torch.float64) @ rotation_matrix.to(torch.float64).T
-    return sketch[order][:, order].T.to(torch.float16).contiguous()
+    return sketch[cols][:, rows].T.to(torch.float16).contiguous()
 
 
 def _positive_magnitudes(centroids: torch.Tensor) -> torch.Tensor:
