@@ -142,11 +142,12 @@ def _session5_calls(ops: list[str]):
                 quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4,
                                                   nearest=nearest, programs_per_sm=4, prefetch=False)
             sketch = torch.randn(dim, dim, generator=gen)
-            for bits in (4, 3, 2):
-                label["now"] = f"quantize prod b={bits} wgmma"
-                codebook = tq.lloyd_max_codebook(dim, bits - 1)
-                quantize_wgmma.quantize_prod_wgmma(x, rot, codebook.boundaries, codebook.centroids_tensor(),
-                                                   bits - 1, sketch)
+            for nearest in ("fma", "f16x2"):
+                for bits in (4, 3, 2):
+                    label["now"] = f"quantize prod b={bits} wgmma {nearest}"
+                    codebook = tq.lloyd_max_codebook(dim, bits - 1)
+                    quantize_wgmma.quantize_prod_wgmma(x, rot, codebook.boundaries, codebook.centroids_tensor(),
+                                                       bits - 1, sketch, nearest=nearest)
             label["now"] = "quantize b=4 wgmma bf16 rows"  # the default code step
             quantize_wgmma.quantize_mse_wgmma(x.bfloat16(), rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4)
         if "mma" in ops:  # the register-operand kernel (Gluon): 4-bit K/V only

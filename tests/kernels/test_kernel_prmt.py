@@ -64,6 +64,8 @@ _OPS = {
     "prmt.b32": _prmt, "mov.b32": lambda a: a, "mov.u32": lambda a: a, "lop3.b32": _lop3,
     "cvt.rn.f16x2.f32": lambda a, b: _pack_halves(np.float16(_f32(b)), np.float16(_f32(a))),  # a: the high half
     "abs.f16x2": lambda a: a & 0x7FFF7FFF, "set.gt.u32.f16x2": _set_gt_f16x2,
+    "cvt.f32.f16": lambda a: int(np.array([_halves(a)[0]], dtype=np.float32).view(np.uint32)[0]),
+    "sub.f32": lambda a, b: int(np.array([_f32(a) - _f32(b)], dtype=np.float32).view(np.uint32)[0]),
 }
 
 
@@ -82,7 +84,7 @@ def run_ptx(program: str, operands: dict[int, int], lane: int = 0, shared: Share
     with ``$i`` inputs ``operands`` as lane ``lane`` (``%laneid``) of a warp whose shared memory is ``shared`` and
     whose shared variables are at the addresses ``symbols``; ``ld.shared.b32`` / ``st.shared.v4.b32`` move words of
     ``shared`` (addresses ``[reg]`` or ``[reg+imm]``), ``bar.warp.sync`` does nothing (run the lanes one after the
-    other). Returns every ``$i`` written (32-bit, or 16-bit halves for ``mov.b32 {$x, $y}, v``)."""
+    other). Returns every ``$i`` written (32-bit, or 16-bit halves for ``mov.b32 {x, y}, v``)."""
     regs: dict[str, int] = {f"${i}": v & MASK for i, v in operands.items()}
     regs["%laneid"] = lane
     regs.update(symbols or {})
@@ -109,7 +111,7 @@ def run_ptx(program: str, operands: dict[int, int], lane: int = 0, shared: Share
             shared.reads.setdefault(lane, []).append(address(target))
             regs[dest] = shared[address(target)]
             continue
-        unpack = re.fullmatch(r"\{(\$\d+),\s*(\$\d+)\},\s*(\S+)", rest)
+        unpack = re.fullmatch(r"\{([$\w]+),\s*([$\w]+)\},\s*(\S+)", rest)
         if op == "mov.b32" and unpack:
             low, high, src = unpack.groups()
             regs[low], regs[high] = value(src) & 0xFFFF, value(src) >> 16

@@ -131,6 +131,32 @@ def test_f16x2_codes_are_the_nearest_centroids(bits) -> None:
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3])
+def test_f16x2_residuals_are_y_minus_the_centroid(bits) -> None:
+    """The prod kernel's fp16-pair step (PTX emulated): the codes of the plain step, and y - c[code] in float32 with
+    the centroid rounded to fp16, chosen by the tree's own masks, for every code and both halves."""
+    from tests.kernels.test_kernel_prmt import run_ptx
+
+    codebook = tq.lloyd_max_codebook(128, bits)
+    boundaries = np.asarray(codebook.boundaries, dtype=np.float64)
+    mids = qw._positive_midpoints(boundaries.tobytes(), "cpu").numpy()[7:].view(np.uint32)
+    magnitudes = qw._positive_magnitudes(codebook.centroids_tensor()).numpy()[4:].view(np.uint32)
+    operands = {6 + 2 * k: int(w) for k, w in enumerate(mids)} | {20 + 2 * k: int(w) for k, w in enumerate(magnitudes)}
+    y = np.concatenate([np.random.default_rng(bits).normal(0, 0.12, 1000), boundaries * 1.01, boundaries * 0.99,
+                        [0.0, -0.0, 0.5, -0.5]]).astype(np.float32)
+    bits32 = y.view(np.uint32)
+    codes_program, program = qw._f16x2_code_asm(bits), qw._f16x2_code_asm(bits, residuals=True)
+    centroids16 = codebook.centroids.astype(np.float16).astype(np.float32)
+    for low, high, y0, y1 in zip(bits32[::2], bits32[1::2], y[::2], y[1::2]):
+        out = run_ptx(program, {4: int(low), 5: int(high), **operands})
+        plain = run_ptx(codes_program, {2: int(low), 3: int(high), **{k - 2: v for k, v in operands.items() if k < 20}})
+        assert out[0] == out[1] == plain[0]
+        for code, value, residual in ((out[0] & 0xFFFF, y0, out[2]), (out[0] >> 16, y1, out[3])):
+            got = np.array([residual], dtype=np.uint32).view(np.float32)[0]
+            assert got == np.float32(value - centroids16[code]), (value, code)
+            assert abs(got - (value - codebook.centroids[code])) <= 2.0 ** -11 * abs(codebook.centroids[code]) + 2.0 ** -24
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3])
 def test_fma_centroids_are_the_codebook(bits) -> None:
     """``_fma_centroids``: the multilinear form in the tree's level outcomes, signed by y, is c[code] (emulated in
     float32 on every midpoint's neighbourhood and random coordinates)."""
@@ -236,7 +262,7 @@ def test_option_choices() -> None:
 def test_offline_compile_for_sm90() -> None:
     """Every width and code step compiles for sm_90 with four HGMMA per tile and no spills; the codes leave the
     accumulator without shared memory (the only shared stores: the rotation once, the unit rows' operand
-    conversion); the fp16-pair step is the shortest loop at every width, with no selects left."""
+    conversion); the fp16-pair step is the shortest loop at every width, MSE and prod."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-m", "benchmarks.compile_offline", "--ops", "quantize"],
                          capture_output=True, text=True, env=env, timeout=600)
@@ -248,7 +274,7 @@ def test_offline_compile_for_sm90() -> None:
     steps = qw.CODE_STEPS
     launches = [f"quantize b={b} wgmma {nearest}" for nearest in steps for b in (4, 3, 2, 1)]
     no_prefetch = [f"quantize b=4 wgmma {nearest} 4/SM no prefetch" for nearest in steps]
-    prod = [f"quantize prod b={b} wgmma" for b in (4, 3, 2)]
+    prod = [f"quantize prod b={b} wgmma {nearest}" for nearest in ("fma", "f16x2") for b in (4, 3, 2)]
     assert list(rows) == launches + no_prefetch + prod + ["quantize b=4 wgmma bf16 rows"]
     for name in launches + no_prefetch:
         row = rows[name]
@@ -260,6 +286,8 @@ def test_offline_compile_for_sm90() -> None:
         row = rows[name]
         assert int(row["stack"]) <= 64 and int(row["HGMMA"]) == 2 * int(first["HGMMA"]), row
         assert int(row["LDSM"]) == int(first["LDSM"]) and int(row["STS"]) <= 40, row
+    for b in (4, 3, 2):  # prod: the fp16-pair step's loop is the shorter
+        assert int(rows[f"quantize prod b={b} wgmma f16x2"]["loop"]) < int(rows[f"quantize prod b={b} wgmma fma"]["loop"])
     for b in (4, 3, 2, 1):
         loops = {nearest: int(rows[f"quantize b={b} wgmma {nearest}"]["loop"]) for nearest in steps}
         assert min(loops, key=loops.get) == "f16x2", (b, loops)
@@ -306,7 +334,8 @@ def test_replays_in_a_cuda_graph() -> None:
 
 @pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
 @pytest.mark.parametrize("bits", [2, 3, 4])
-def test_prod_matches_reference_on_gpu(bits) -> None:
+@pytest.mark.parametrize("nearest", ["fma", "f16x2"])
+def test_prod_matches_reference_on_gpu(bits, nearest) -> None:
     from tests.kernels.test_kernel_quantize_prod import assert_close_off_ties
     from turboquant.kernels.quantize_prod import quantize_prod_reference, quantize_prod_triton
 
@@ -315,7 +344,8 @@ def test_prod_matches_reference_on_gpu(bits) -> None:
     mse = quantizer.mse
     args = (mse.rotation.matrix().cuda(), mse.codebook.boundaries, mse.codebook.centroids_tensor("cuda"))
     codes, signs, norms, residual_norms = quantize_prod_triton(x.cuda(), *args, bits - 1,
-                                                               quantizer.qjl.matrix.cuda(), kernel="wgmma")
+                                                               quantizer.qjl.matrix.cuda(), kernel="wgmma",
+                                                               nearest=nearest)
     ref = quantize_prod_reference(x, args[0].cpu(), args[1], args[2].cpu(), bits - 1, quantizer.qjl.matrix)
     gap = (ref["y"][..., None] - torch.as_tensor(mse.codebook.boundaries)).abs().min(dim=-1).values
     assert_close_off_ties(codes, ref["codes"], bits - 1, 128, gap)

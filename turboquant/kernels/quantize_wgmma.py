@@ -167,41 +167,59 @@ def _fma_centroids(y, levels, g0, g1, g2, g3, BITS: gl.constexpr):
     return gl.fma(_positive(y), 2.0 * magnitude, -magnitude)
 
 
-def _f16x2_code_lines(bits: int) -> list[str]:
-    """PTX of :func:`_f16x2_codes` for ``bits``: inputs y_0, y_1 ($2, $3, float32), the positive midpoints m_k as fp16
-    pairs ($4 + 2k); output $0 (and $1, the same): the pair's codes in the low bits of each half. ``set.gt.u32.f16x2``
-    gives a 0xFFFF / 0 mask per half (ptxas folds the |.| into it), ``lop3`` 0xE4 selects by a mask, 0x6A is
-    (a & b) ^ c. The tree's levels give j; code = j ^ (y > 0 ? h : h - 1) with h = 2^(b-1) (j < h)."""
-    half = 1 << (bits - 1)
+def _f16x2_code_lines(bits: int, residuals: bool = False) -> list[str]:
+    """PTX of :func:`_f16x2_codes` for ``bits``. Operands: outputs $0, $1 (int32: the pair's codes in the low bits of
+    each half, twice), with ``residuals`` also $2, $3 (float32: y_u - c[code_u]); then the inputs y_0, y_1 (float32),
+    the positive midpoints m_k as fp16 pairs (seven, from $(i + 2)), with ``residuals`` the positive centroids g_k
+    likewise (four, from $(i + 16)), i the first input. ``set.gt.u32.f16x2`` gives a 0xFFFF / 0 mask per half (ptxas
+    folds the |.| into it), ``lop3`` 0xE4 selects by a mask, 0x6A is (a & b) ^ c, 0xF2 is a | (~b & c). The tree's
+    levels give j; code = j ^ (y > 0 ? h : h - 1) with h = 2^(b-1) (j < h); c[code] = +-g_j, negative unless y > 0."""
+    half, i = 1 << (bits - 1), (4 if residuals else 2)
+    m = [f"${i + 2 + 2 * k}" for k in range(7)]
+    g = [f"${i + 16 + 2 * k}" for k in range(4)]
     pair = lambda v: f"0x{v:04X}{v:04X}"  # noqa: E731
-    lines = ["cvt.rn.f16x2.f32 h, $3, $2;", "abs.f16x2 a, h;", "mov.b32 z, 0;", "set.gt.u32.f16x2 p, h, z;",
+    lines = [f"cvt.rn.f16x2.f32 h, ${i + 1}, ${i};", "abs.f16x2 a, h;", "mov.b32 z, 0;", "set.gt.u32.f16x2 p, h, z;",
              f"lop3.b32 t, p, {pair(2 * half - 1)}, {pair(half - 1)}, 0x6A;"]  # (y > 0 ? 2h - 1 : 0) ^ (h - 1)
     if bits == 4:
-        lines += ["set.gt.u32.f16x2 c, a, $10;",  # c2 = |y| > m3
-                  f"lop3.b32 t, c, {pair(4)}, t, 0x6A;",
-                  "lop3.b32 u, $14, $6, c, 0xE4;",  # c2 ? m5 : m1
-                  "lop3.b32 v, $12, $4, c, 0xE4;",  # c2 ? m4 : m0
-                  "lop3.b32 w, $16, $8, c, 0xE4;",  # c2 ? m6 : m2
-                  "set.gt.u32.f16x2 c, a, u;",  # c1
-                  f"lop3.b32 t, c, {pair(2)}, t, 0x6A;",
-                  "lop3.b32 u, w, v, c, 0xE4;"]  # c1 ? (c2 ? m6 : m2) : (c2 ? m4 : m0)
+        lines += [f"set.gt.u32.f16x2 c2, a, {m[3]};",
+                  f"lop3.b32 t, c2, {pair(4)}, t, 0x6A;",
+                  f"lop3.b32 u, {m[5]}, {m[1]}, c2, 0xE4;",  # c2 ? m5 : m1
+                  f"lop3.b32 v, {m[4]}, {m[0]}, c2, 0xE4;",
+                  f"lop3.b32 w, {m[6]}, {m[2]}, c2, 0xE4;",
+                  "set.gt.u32.f16x2 c1, a, u;",
+                  f"lop3.b32 t, c1, {pair(2)}, t, 0x6A;",
+                  "lop3.b32 u, w, v, c1, 0xE4;"]  # c1 ? (c2 ? m6 : m2) : (c2 ? m4 : m0)
     elif bits == 3:
-        lines += ["set.gt.u32.f16x2 c, a, $6;",  # c1 = |y| > m1
-                  f"lop3.b32 t, c, {pair(2)}, t, 0x6A;",
-                  "lop3.b32 u, $8, $4, c, 0xE4;"]  # c1 ? m2 : m0
+        lines += [f"set.gt.u32.f16x2 c1, a, {m[1]};",
+                  f"lop3.b32 t, c1, {pair(2)}, t, 0x6A;",
+                  f"lop3.b32 u, {m[2]}, {m[0]}, c1, 0xE4;"]  # c1 ? m2 : m0
     elif bits == 2:
-        lines += ["mov.b32 u, $4;"]
+        lines += [f"mov.b32 u, {m[0]};"]
     if bits > 1:
-        lines += ["set.gt.u32.f16x2 c, a, u;", f"lop3.b32 t, c, {pair(1)}, t, 0x6A;"]  # c0
-    return lines + ["mov.b32 $0, t;", "mov.b32 $1, t;"]
+        lines += ["set.gt.u32.f16x2 c0, a, u;", f"lop3.b32 t, c0, {pair(1)}, t, 0x6A;"]
+    lines += ["mov.b32 $0, t;", "mov.b32 $1, t;"]
+    if residuals:
+        if bits == 3:
+            lines += [f"lop3.b32 u, {g[3]}, {g[2]}, c0, 0xE4;", f"lop3.b32 v, {g[1]}, {g[0]}, c0, 0xE4;",
+                      "lop3.b32 u, u, v, c1, 0xE4;"]
+        elif bits == 2:
+            lines += [f"lop3.b32 u, {g[1]}, {g[0]}, c0, 0xE4;"]
+        else:
+            lines += [f"mov.b32 u, {g[0]};"]
+        lines += ["lop3.b32 u, u, p, 0x80008000, 0xF2;", "mov.b32 {lo, hi}, u;", "cvt.f32.f16 f, lo;",
+                  f"sub.f32 $2, ${i}, f;", "cvt.f32.f16 f, hi;", f"sub.f32 $3, ${i + 1}, f;"]
+    return lines
 
 
-def _f16x2_code_asm(bits: int) -> str:
-    return "{\n.reg .b32 h, a, z, p, t, c, u, v, w;\n" + "\n".join(_f16x2_code_lines(bits)) + "\n}"
+def _f16x2_code_asm(bits: int, residuals: bool = False) -> str:
+    return ("{\n.reg .b32 h, a, z, p, t, c2, c1, c0, u, v, w;\n.reg .b16 lo, hi;\n.reg .f32 f;\n"
+            + "\n".join(_f16x2_code_lines(bits, residuals)) + "\n}")
 
 
 F16X2_CODES_1, F16X2_CODES_2, F16X2_CODES_3, F16X2_CODES_4 = (gl.constexpr(_f16x2_code_asm(b)) for b in (1, 2, 3, 4))
-F16X2_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 2 + ["r"] * 16))
+F16X2_CODES_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 2 + ["r"] * 16))
+F16X2_RESIDUALS_1, F16X2_RESIDUALS_2, F16X2_RESIDUALS_3 = (gl.constexpr(_f16x2_code_asm(b, True)) for b in (1, 2, 3))
+F16X2_RESIDUALS_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 24))
 
 
 @gluon.jit
@@ -210,7 +228,7 @@ def _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS: gl.constexpr):
     coordinates per instruction, with masks instead of outcomes (:func:`_f16x2_code_lines`). ``w0`` .. ``w6``: the
     positive midpoints as int32 words of two equal fp16 halves (scalars). Returns (64, 128) int32 whose columns
     8j + 2t and 8j + 2t + 1 both hold the pair's register (:func:`_pair_registers`). The fp16 rounding of y and
-    of the midpoints moves a coordinate's code only within ~2^-11 |y| of a midpoint (a tie)."""
+    of the midpoints moves a coordinate's code only within 2^-10 |y| + 2^-24 of a midpoint (a tie)."""
     if BITS == 1:
         asm: gl.constexpr = F16X2_CODES_1
     elif BITS == 2:
@@ -219,8 +237,23 @@ def _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS: gl.constexpr):
         asm: gl.constexpr = F16X2_CODES_3
     else:
         asm: gl.constexpr = F16X2_CODES_4
-    return gl.inline_asm_elementwise(asm, F16X2_CONSTRAINTS, [y, w0, w1, w2, w3, w4, w5, w6], dtype=gl.int32,
+    return gl.inline_asm_elementwise(asm, F16X2_CODES_CONSTRAINTS, [y, w0, w1, w2, w3, w4, w5, w6], dtype=gl.int32,
                                      is_pure=True, pack=2)
+
+
+@gluon.jit
+def _f16x2_codes_residuals(y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, BITS: gl.constexpr):
+    """:func:`_f16x2_codes` and the residuals y - c[code] (float32, (64, 128) in :data:`ACC`), the centroid chosen
+    by the same masks from ``v0`` .. ``v3``, the positive centroids g_j as words of two equal fp16 halves (so c[code]
+    is rounded to fp16: within 2^-11 |c| of the codebook's); 1-3 bits."""
+    if BITS == 1:
+        asm: gl.constexpr = F16X2_RESIDUALS_1
+    elif BITS == 2:
+        asm: gl.constexpr = F16X2_RESIDUALS_2
+    else:
+        asm: gl.constexpr = F16X2_RESIDUALS_3
+    return gl.inline_asm_elementwise(asm, F16X2_RESIDUALS_CONSTRAINTS, [y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3],
+                                     dtype=(gl.int32, gl.float32), is_pure=True, pack=2)
 
 
 @gluon.jit
@@ -322,6 +355,11 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
     if PROD:
         g0, g1 = gl.load(magnitude_ptr), gl.load(magnitude_ptr + 1)
         g2, g3 = gl.load(magnitude_ptr + 2), gl.load(magnitude_ptr + 3)
+        if NEAREST == "f16x2":  # the same as pairs of fp16 (entries 4-7)
+            v0 = gl.load(magnitude_ptr + 4).to(gl.int32, bitcast=True)
+            v1 = gl.load(magnitude_ptr + 5).to(gl.int32, bitcast=True)
+            v2 = gl.load(magnitude_ptr + 6).to(gl.int32, bitcast=True)
+            v3 = gl.load(magnitude_ptr + 7).to(gl.int32, bitcast=True)
         sketch = _shared_operand(sketch_ptr)
     fence_async_shared()
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, TILE))
@@ -342,9 +380,13 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
         unit = gl.convert_layout((xf * inv[:, None]).to(gl.float16), OPERAND_A)
         y = warpgroup_mma(unit, b, gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
         if PROD:
-            levels = _fma_levels(gl.abs(y), m0, m1, m2, m3, m4, m5, m6, BITS)
-            codes = _fma_codes(y, levels, BITS)
-            residual = y - _fma_centroids(y, levels, g0, g1, g2, g3, BITS)
+            if NEAREST == "f16x2":
+                code_registers, residual = _f16x2_codes_residuals(y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, BITS)
+                pairs = _pair_registers(code_registers)
+            else:
+                levels = _fma_levels(gl.abs(y), m0, m1, m2, m3, m4, m5, m6, BITS)
+                pairs = _column_pairs(_fma_codes(y, levels, BITS))
+                residual = y - _fma_centroids(y, levels, g0, g1, g2, g3, BITS)
             residual_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
             gl.store(residual_norms_ptr + residual_rows,
                      gl.sqrt(gl.sum(residual * residual, axis=1)).to(residual_norms_ptr.dtype.element_ty),
@@ -353,7 +395,6 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
                               gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
             _store_codes(_column_pairs((z >= 0).to(gl.int32)), sign_words_ptr, tile * BLOCK_M, n_rows,
                          stride_sign_words, 1)
-            pairs = _column_pairs(codes)
         elif NEAREST == "f16x2":
             pairs = _pair_registers(_f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS))
         elif NEAREST == "fma":
@@ -412,12 +453,16 @@ def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundarie
 
 def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray,
                         centroids: torch.Tensor, mse_bits: int, qjl_matrix: torch.Tensor,
-                        norms_dtype: torch.dtype = torch.float32, programs_per_sm: int = 2,
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                        norms_dtype: torch.dtype = torch.float32, nearest: str | None = None,
+                        programs_per_sm: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """TurboQuant_prod (Algorithm 2) of ``x`` (..., 128) float16 or bfloat16 as
     :func:`~turboquant.kernels.quantize_prod.quantize_prod_triton` returns it (codes, signs, norms, residual norms;
     inputs checked there and by :func:`wgmma_quantize_unsupported`), by :func:`quantize_wgmma_kernel` with ``PROD``:
-    ``mse_bits`` 1-3, a symmetric codebook."""
+    ``mse_bits`` 1-3, a symmetric codebook; ``nearest``: ``"fma"`` or ``"f16x2"`` (None: the default,
+    :func:`default_code_step`)."""
+    nearest = default_code_step(mse_bits) if nearest is None else nearest
+    if nearest not in ("fma", "f16x2"):
+        raise ValueError(f"the warpgroup-MMA prod kernel's nearest step is 'fma' or 'f16x2', got {nearest!r}")
     rows, lead_shape = as_rows(x)
     n_rows = rows.shape[0]
     codes = torch.empty((n_rows, packed_size(HEAD_DIM, mse_bits)), dtype=torch.uint8, device=x.device)
@@ -426,7 +471,7 @@ def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundari
     residual_norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
     prod = (_sketch_operand(rotation_matrix, qjl_matrix, mse_bits), _positive_magnitudes(centroids), signs,
             residual_norms)
-    _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, "fma", programs_per_sm, True)
+    _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, nearest, programs_per_sm, True)
     return (codes.reshape(*lead_shape, codes.shape[-1]), signs.reshape(*lead_shape, signs.shape[-1]),
             norms.reshape(lead_shape), residual_norms.reshape(lead_shape))
 
@@ -469,8 +514,12 @@ def _sketch_operand(rotation_matrix: torch.Tensor, qjl_matrix: torch.Tensor, mse
 
 def _positive_magnitudes(centroids: torch.Tensor) -> torch.Tensor:
     """The positive half g0 < g1 < ... of the symmetric codebook (2, 4 or 8 centroids) whose midpoints
-    :func:`_positive_midpoints` checked, float32 padded to 4 entries, made on its device (no host copy)."""
+    :func:`_positive_midpoints` checked, float32 padded to 4 entries, then the same rounded to fp16 as int32 words of
+    two equal halves (what :func:`_f16x2_codes_residuals` selects from; float32 bits, 8 entries in all), made on its
+    device (no host copy)."""
     values = centroids.detach().to(torch.float32).flatten()
     if values.numel() not in (2, 4, 8):
         raise ValueError(f"the warpgroup-MMA prod kernel reads codebooks of 2, 4 or 8 centroids, got {values.numel()}")
-    return torch.nn.functional.pad(values[values.numel() // 2:], (0, 4 - values.numel() // 2))
+    padded = torch.nn.functional.pad(values[values.numel() // 2:], (0, 4 - values.numel() // 2))
+    halves = padded.half().view(torch.int16).to(torch.int32) & 0xFFFF
+    return torch.cat([padded, (halves | halves << 16).view(torch.float32)])
