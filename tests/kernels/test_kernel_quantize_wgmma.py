@@ -21,12 +21,39 @@ from tests.kernels.test_kernel_quantize import assert_codes_match  # noqa: E402
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-def _lane_words(codes_by_channel: np.ndarray, bits: int) -> np.ndarray:
-    """The words the kernel stores for one row, computed as its lanes do: lane t holds accumulator columns
-    n = 8j + 2t + u, i.e. channels ``code_column_order(bits)[n]``; pair j is one register (u = 1 in the high half);
+def _lane_words_per_code(codes_by_channel: np.ndarray, bits: int) -> np.ndarray:
+    """The words the float32 code steps' kernel stores for one row, computed as its lanes do: lane t holds
+    accumulator columns n = 8j + 2t + u, i.e. channels ``code_column_order(bits, "tree")[n]``; slot k sums
+    code << bits (2 jj + u) over its columns; 3-bit slots (24-bit groups) are cut into three words. Returns the row's
+    int32 words in memory order."""
+    order = qw.code_column_order(bits, "tree").numpy()
+    pairs = 4 if bits == 3 else 16 // bits
+    words = {}
+    for t in range(4):
+        slots = []
+        for k in range(16 // pairs):
+            total = 0
+            for jj in range(pairs):
+                for u in range(2):
+                    n = 8 * (k * pairs + jj) + 2 * t + u
+                    total += int(codes_by_channel[order[n]]) << (bits * (2 * jj + u))
+            slots.append(total)
+        if bits == 3:
+            g0, g1, g2, g3 = slots
+            slots = [(g0 | (g1 << 24)) & 0xFFFFFFFF, (g1 >> 8) | ((g2 << 16) & 0xFFFFFFFF),
+                     (g2 >> 16) | ((g3 << 8) & 0xFFFFFFFF)]
+        for k, word in enumerate(slots):
+            words[bits * t + k] = word
+    return np.array([words[i] for i in range(4 * bits)], dtype=np.uint32)
+
+
+def _lane_words_pairs(codes_by_channel: np.ndarray, bits: int) -> np.ndarray:
+    """The words the ``"f16x2"`` kernel stores for one row, computed as its lanes do: lane t holds accumulator columns
+    n = 8j + 2t + u, i.e. channels ``code_column_order(bits, "f16x2")[n]``; pair j is one register (u = 1 in the high
+    half);
     word (3 bits: group) w sums pair p << bits p over its pairs j = P w + p; a 3-bit group moves its high codes from
     bit 16 to bit 12, and four groups are cut into three words. Returns the row's int32 words in memory order."""
-    order = qw.code_column_order(bits).numpy()
+    order = qw.code_column_order(bits, "f16x2").numpy()
     pairs = qw.pairs_per_word(bits)
     words = {}
     for t in range(4):
@@ -44,12 +71,13 @@ def _lane_words(codes_by_channel: np.ndarray, bits: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4])
-def test_lane_packing_is_the_library_bit_stream(bits) -> None:
+@pytest.mark.parametrize("lane_words", [_lane_words_per_code, _lane_words_pairs])
+def test_lane_packing_is_the_library_bit_stream(bits, lane_words) -> None:
     gen = torch.Generator().manual_seed(bits)
     for _ in range(3):
         codes = torch.randint(0, 2 ** bits, (128,), generator=gen)
         packed = tq.pack_codes(codes, bits).numpy()
-        assert np.array_equal(_lane_words(codes.numpy(), bits).view(np.uint8), packed)
+        assert np.array_equal(lane_words(codes.numpy(), bits).view(np.uint8), packed)
 
 
 def _fma_codes_emulated(y: np.ndarray, positive_mids: np.ndarray, bits: int) -> np.ndarray:
@@ -153,7 +181,8 @@ def test_f16x2_residuals_are_y_minus_the_centroid(bits) -> None:
         for code, value, residual in ((out[0] & 0xFFFF, y0, out[2]), (out[0] >> 16, y1, out[3])):
             got = np.array([residual], dtype=np.uint32).view(np.float32)[0]
             assert got == np.float32(value - centroids16[code]), (value, code)
-            assert abs(got - (value - codebook.centroids[code])) <= 2.0 ** -11 * abs(codebook.centroids[code]) + 2.0 ** -24
+            bound = 2.0 ** -11 * abs(codebook.centroids[code]) + 2.0 ** -24
+            assert abs(got - (value - codebook.centroids[code])) <= bound
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3])
@@ -179,27 +208,31 @@ def test_fma_centroids_are_the_codebook(bits) -> None:
 
 def test_sketch_operand_gives_the_qjl_signs_in_code_order() -> None:
     """The second product: with the residual e = Pi r in the first accumulator's column order (that of the MSE
-    codes' width), e @ B2 holds S r in the 1-bit codes' column order (so its signs pack like 1-bit codes)."""
+    codes' width and step), e @ B2 holds S r in the per-code column order (so its signs pack like 1-bit codes)."""
     gen = torch.Generator().manual_seed(0)
     rotation = tq.make_rotation("haar", 128, seed=1).matrix().double()
     sketch = torch.randn(128, 128, generator=gen, dtype=torch.float64)
     r = torch.randn(5, 128, generator=gen, dtype=torch.float64)
+    cols = qw.code_column_order(1, "tree")
     for mse_bits in (1, 2, 3):
-        rows, cols = qw.code_column_order(mse_bits), qw.code_column_order(1)
-        accumulated = (r @ rotation.T)[:, rows] @ qw._sketch_operand(rotation, sketch, mse_bits).double()
-        torch.testing.assert_close(accumulated, (r @ sketch.T)[:, cols], rtol=2e-2, atol=2e-2)
+        for nearest in ("fma", "f16x2"):
+            rows = qw.code_column_order(mse_bits, nearest)
+            accumulated = (r @ rotation.T)[:, rows] @ qw._sketch_operand(rotation, sketch, mse_bits, nearest).double()
+            torch.testing.assert_close(accumulated, (r @ sketch.T)[:, cols], rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4])
-def test_each_lane_owns_32_contiguous_channels(bits) -> None:
-    order = qw.code_column_order(bits).numpy()
+@pytest.mark.parametrize("nearest", qw.CODE_STEPS)
+def test_each_lane_owns_32_contiguous_channels(bits, nearest) -> None:
+    order = qw.code_column_order(bits, nearest).numpy()
     n = np.arange(128)
     lane = (n >> 1) & 3
     assert np.array_equal(np.sort(order), n)
     assert all(np.array_equal(np.sort(order[lane == t]), np.arange(32 * t, 32 * t + 32)) for t in range(4))
-    per_word = 8 if bits == 3 else 32 // bits  # a pair's two codes: the same word, half a word apart
-    assert np.array_equal(order[1::2] - order[::2], np.full(64, per_word // 2))
-    assert np.array_equal(order[1::2] // per_word, order[::2] // per_word)
+    if nearest == "f16x2":  # a pair's two codes: the same word, half a word apart
+        per_word = 8 if bits == 3 else 32 // bits
+        assert np.array_equal(order[1::2] - order[::2], np.full(64, per_word // 2))
+        assert np.array_equal(order[1::2] // per_word, order[::2] // per_word)
 
 
 def test_refusals() -> None:
@@ -243,7 +276,7 @@ def test_bf16_rows_match_reference_on_gpu(bits) -> None:
 
 def test_option_choices() -> None:
     """Each kernel's own options pick it under ``kernel="auto"``; an option the chosen kernel lacks is refused."""
-    assert [qw.default_code_step(b) for b in (1, 2, 3, 4)] == ["f16x2"] * 4
+    assert [qw.default_code_step(b) for b in (1, 2, 3, 4)] == ["tree", "tree", "tree", "fma"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     x = torch.randn(8, 128, device=device).half()
     cb = tq.lloyd_max_codebook(128, 4)
@@ -287,7 +320,8 @@ def test_offline_compile_for_sm90() -> None:
         assert int(row["stack"]) <= 64 and int(row["HGMMA"]) == 2 * int(first["HGMMA"]), row
         assert int(row["LDSM"]) == int(first["LDSM"]) and int(row["STS"]) <= 40, row
     for b in (4, 3, 2):  # prod: the fp16-pair step's loop is the shorter
-        assert int(rows[f"quantize prod b={b} wgmma f16x2"]["loop"]) < int(rows[f"quantize prod b={b} wgmma fma"]["loop"])
+        f16x2, fma = (int(rows[f"quantize prod b={b} wgmma {nearest}"]["loop"]) for nearest in ("f16x2", "fma"))
+        assert f16x2 < fma, (b, f16x2, fma)
     for b in (4, 3, 2, 1):
         loops = {nearest: int(rows[f"quantize b={b} wgmma {nearest}"]["loop"]) for nearest in steps}
         assert min(loops, key=loops.get) == "f16x2", (b, loops)

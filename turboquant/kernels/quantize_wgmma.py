@@ -11,14 +11,15 @@ A persistent program is one warpgroup (4 warps) and owns tiles of 64 rows. Per t
 
 and the codes go to memory straight from the accumulator. Lane 4g + t of a warp holds accumulator columns
 8j + 2t + u (j = 0..15, u = 0, 1) of its rows; B's column permutation (:func:`code_column_order`) puts there the
-rotated channels 32t .. 32t + 31, each column pair (u = 0, 1) two codes of one packed word, 16 bits apart. So a lane
-assembles b 32-bit words of the packed row (16 / 12 / 8 / 4 bytes at b = 4 / 3 / 2 / 1) from one register per pair,
-with a shift-add per pair, and stores them without an exchange. The default code step (``"f16x2"``) runs the tree on
-both coordinates of a pair at once in fp16. The rows are loaded coalesced (16 bytes per lane) and the next tile's
-loads are issued before the current tile is computed.
+rotated channels 32t .. 32t + 31, so a lane assembles b 32-bit words of the packed row (16 / 12 / 8 / 4 bytes at
+b = 4 / 3 / 2 / 1) in registers and stores them without an exchange: code by code for the float32 code steps
+(``"tree"``, ``"fma"``), a register of two codes at a time for ``"f16x2"``, which runs the tree on both coordinates
+of a column pair at once in fp16 (its column order puts a pair's two codes in one word, 16 bits apart). The rows are
+loaded coalesced (16 bytes per lane) and the next tile's loads are issued before the current tile is computed.
 
 The unit rows and the rotation are fp16 with fp32 sums, as in :func:`turboquant.kernels.quantize.quantize_mse_triton`;
-the float64 reference's codes differ only for coordinates within ~1e-3 |y| of a midpoint. GPU only (Gluon has no interpreter); :func:`wgmma_quantize_unsupported` says what it does not read.
+the float64 reference's codes differ only for coordinates within ~1e-3 |y| of a midpoint. GPU only (Gluon has no
+interpreter); :func:`wgmma_quantize_unsupported` says what it does not read.
 """
 from __future__ import annotations
 
@@ -44,20 +45,24 @@ SHARED_B = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bit
 
 
 def pairs_per_word(bits: int) -> int:
-    """Accumulator column pairs (u = 0, 1) whose codes share a packed 32-bit word: 32 / (2 b) codes pairs; at 3 bits
-    the 4 pairs of a 24-bit group of 8 codes."""
+    """Accumulator column pairs (u = 0, 1) whose codes share a packed 32-bit word in the ``"f16x2"`` order: 16 / b;
+    at 3 bits the 4 pairs of a 24-bit group of 8 codes."""
     return 4 if bits == 3 else 16 // bits
 
 
 @functools.cache
-def code_column_order(bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Rotated channel computed in accumulator column n = 8j + 2t + u for ``bits``-bit codes: with P =
-    :func:`pairs_per_word`, channel 32t + 2P (j div P) + (j mod P) + P u. Lane t of a quad holds the channels
-    32t .. 32t + 31 of its rows, and the column pair (j, u = 0 / 1), once one register with u = 1 in its high half,
-    holds codes p = j mod P and p + P of word (3 bits: group) j div P: at bits b p and 16 + b p = b (p + P), where the
-    word's layout puts them. Made once per width and device, shared."""
+def code_column_order(bits: int, nearest: str, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Rotated channel computed in accumulator column n = 8j + 2t + u (lane t of a quad holds columns 8j + 2t + u of
+    its rows, j = 0..15) for ``bits``-bit codes and the code step ``nearest``; lane t owns channels 32t .. 32t + 31
+    either way. ``"tree"`` / ``"fma"``: channel 32t + 2j + u (each code shifted into its word on its own,
+    :func:`_store_codes`). ``"f16x2"``: with P = :func:`pairs_per_word`, channel 32t + 2P (j div P) + (j mod P) + P u,
+    so the pair (j, u = 0 / 1), one register with u = 1 in the high half, holds codes p = j mod P and p + P of word
+    (3 bits: group) j div P, at bits b p and 16 + b p = b (p + P), where the word puts them (:func:`_store_pairs`).
+    Made once per width, step and device, shared."""
     n = torch.arange(HEAD_DIM)
     j, t, u = n >> 3, (n >> 1) & 3, n & 1
+    if nearest != "f16x2":
+        return (32 * t + 2 * j + u).to(device)
     pairs = pairs_per_word(bits)
     return (32 * t + 2 * pairs * (j // pairs) + j % pairs + pairs * u).to(device)
 
@@ -257,11 +262,15 @@ def _f16x2_codes_residuals(y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, BITS: 
 
 
 @gluon.jit
-def _column_pairs(codes):
-    """(64, 128) int32 codes in :data:`ACC` -> (64, 4 lanes t, 16 pairs j): the codes of columns 8j + 2t and
-    8j + 2t + 1 in one register, the second in the high half (a register per pair, not an exchange)."""
-    lo, hi = gl.split(gl.reshape(codes, [64, 16, 4, 2]))
-    return gl.permute(lo | (hi << 16), [0, 2, 1])
+def _slots(codes, BITS: gl.constexpr):
+    """(64, 128) codes in :data:`ACC` -> (64, 4 lanes t, slots): slot k of lane t packs the codes of rotated channels
+    32t + k W .. 32t + (k + 1) W - 1 (W = 8 for b = 3, else 32 / b), channel c at bits BITS * (c mod W)."""
+    PAIRS: gl.constexpr = 4 if BITS == 3 else 16 // BITS  # accumulator column pairs (j) per slot
+    SLOTS: gl.constexpr = 16 // PAIRS
+    n = gl.arange(0, 128, layout=gl.SliceLayout(0, ACC))
+    shift = BITS * (2 * ((n >> 3) % PAIRS) + (n & 1))
+    x = gl.reshape(codes << shift[None, :], [64, SLOTS, PAIRS, 4, 2])  # n = 8 (PAIRS k + jj) + 2t + u
+    return gl.permute(gl.sum(gl.sum(x, axis=4), axis=2), [0, 2, 1])
 
 
 @gluon.jit
@@ -297,9 +306,26 @@ def _store_words(words, code_words_ptr, row0, n_rows, stride_words, first, step)
 
 
 @gluon.jit
-def _store_codes(pairs, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
-    """Pack (64, 4 lanes t, 16 pairs j) code pairs (:func:`_column_pairs`, :func:`_pair_registers`) into the
-    library's bit stream: lane t writes words BITS t .. BITS t + BITS - 1 of each of its rows."""
+def _store_codes(codes, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
+    """Pack (64, 128) int32 codes held in :data:`ACC` (columns in :func:`code_column_order`) into the library's bit
+    stream: lane t writes words BITS t .. BITS t + BITS - 1 of each of its rows."""
+    slots = _slots(codes, BITS)  # (64, t, slot)
+    if BITS == 3:  # four 24-bit groups g0..g3 (slots) -> words 3t, 3t + 1, 3t + 2
+        even, odd = gl.split(gl.reshape(slots.to(gl.uint32, bitcast=True), [64, 4, 2, 2]))
+        g0, g2 = gl.split(even)
+        g1, g3 = gl.split(odd)
+        _store_words(g0 | (g1 << 24), code_words_ptr, row0, n_rows, stride_words, 0, 3)
+        _store_words((g1 >> 8) | (g2 << 16), code_words_ptr, row0, n_rows, stride_words, 1, 3)
+        _store_words((g2 >> 16) | (g3 << 8), code_words_ptr, row0, n_rows, stride_words, 2, 3)
+    else:  # slot k of lane t is word BITS t + k
+        _store_words(gl.reshape(slots, [64, 4 * BITS]), code_words_ptr, row0, n_rows, stride_words, 0, 1)
+
+
+@gluon.jit
+def _store_pairs(pairs, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
+    """Pack (64, 4 lanes t, 16 pairs j) code-pair registers (:func:`_pair_registers`, columns in the ``"f16x2"``
+    :func:`code_column_order`) into the library's bit stream: lane t writes words BITS t .. BITS t + BITS - 1 of
+    each of its rows."""
     words = _words(pairs, BITS)  # (64, t, word), 3 bits: (64, t, group) with the group's high codes at bit 16
     if BITS == 3:  # four 24-bit groups g0..g3 -> words 3t, 3t + 1, 3t + 2
         groups = (words & 0xFFF) | ((words >> 4) & 0xFFF000)  # codes 4-7 from bits 16-27 down to 12-23
@@ -336,14 +362,15 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
     """Persistent grid over tiles of 64 rows (module docstring). ``b_ptr``: (128, 128) fp16 B = Pi^T with columns in
     :func:`code_column_order`; ``mid_ptr``: the positive midpoints (:func:`_positive_midpoints`); ``code_words_ptr``:
     the packed rows as int32 words (4 b per row); ``NEAREST``: ``"tree"`` (:func:`_tree_codes`), ``"fma"``
-    (:func:`_fma_codes`) or ``"f16x2"`` (:func:`_f16x2_codes`). ``PROD`` (TurboQuant_prod, Algorithm 2; b = ``BITS`` + 1, the codes from
-    :func:`_fma_levels`): also the residual e = y - c[code] of the unit row in the rotated basis, its norm
+    (:func:`_fma_codes`) or ``"f16x2"`` (:func:`_f16x2_codes`). ``PROD`` (TurboQuant_prod, Algorithm 2;
+    b = ``BITS`` + 1; ``NEAREST`` ``"fma"``: the codes and centroids from :func:`_fma_levels`, ``"f16x2"``: from
+    :func:`_f16x2_codes_residuals`): also the residual e = y - c[code] of the unit row in the rotated basis, its norm
     (``residual_norms_ptr``; ||r|| = ||e||) and the QJL sign bits [S r >= 0] = [M e >= 0], M = S Pi^T, from a second
     ``wgmma`` with e as the register operand and ``sketch_ptr`` = M^T (:func:`_sketch_operand`), stored from its
-    accumulator as 1-bit codes (``sign_words_ptr``, 4 words per row); ``magnitude_ptr``: the
-    codebook's positive centroids g0 < g1 < ... (float32, padded to 4 entries). The pointers of the unused stage are
-    never read. ``PREFETCH``: load the next tile's rows into registers before computing this one (32 more registers
-    per thread) or not (more resident programs within the register file)."""
+    accumulator as 1-bit codes (``sign_words_ptr``, 4 words per row); ``magnitude_ptr``: the codebook's positive
+    centroids (:func:`_positive_magnitudes`). The pointers of the unused stage are never read. ``PREFETCH``: load the
+    next tile's rows into registers before computing this one (32 more registers per thread) or not (more resident
+    programs within the register file)."""
     m0, m1, m2, m3 = gl.load(mid_ptr), gl.load(mid_ptr + 1), gl.load(mid_ptr + 2), gl.load(mid_ptr + 3)
     m4, m5, m6 = gl.load(mid_ptr + 4), gl.load(mid_ptr + 5), gl.load(mid_ptr + 6)
     if NEAREST == "f16x2":  # the same midpoints as pairs of fp16 (entries 7-13, int32 words stored as float32)
@@ -382,10 +409,9 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
         if PROD:
             if NEAREST == "f16x2":
                 code_registers, residual = _f16x2_codes_residuals(y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, BITS)
-                pairs = _pair_registers(code_registers)
             else:
                 levels = _fma_levels(gl.abs(y), m0, m1, m2, m3, m4, m5, m6, BITS)
-                pairs = _column_pairs(_fma_codes(y, levels, BITS))
+                codes = _fma_codes(y, levels, BITS)
                 residual = y - _fma_centroids(y, levels, g0, g1, g2, g3, BITS)
             residual_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
             gl.store(residual_norms_ptr + residual_rows,
@@ -393,15 +419,17 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
                      mask=residual_rows < n_rows)
             z = warpgroup_mma(gl.convert_layout(residual.to(gl.float16), OPERAND_A), sketch,
                               gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
-            _store_codes(_column_pairs((z >= 0).to(gl.int32)), sign_words_ptr, tile * BLOCK_M, n_rows,
-                         stride_sign_words, 1)
+            _store_codes((z >= 0).to(gl.int32), sign_words_ptr, tile * BLOCK_M, n_rows, stride_sign_words, 1)
         elif NEAREST == "f16x2":
-            pairs = _pair_registers(_f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS))
+            code_registers = _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS)
         elif NEAREST == "fma":
-            pairs = _column_pairs(_fma_codes(y, _fma_levels(gl.abs(y), m0, m1, m2, m3, m4, m5, m6, BITS), BITS))
+            codes = _fma_codes(y, _fma_levels(gl.abs(y), m0, m1, m2, m3, m4, m5, m6, BITS), BITS)
         else:
-            pairs = _column_pairs(_tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS))
-        _store_codes(pairs, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
+            codes = _tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS)
+        if NEAREST == "f16x2":
+            _store_pairs(_pair_registers(code_registers), code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
+        else:
+            _store_codes(codes, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
         if PREFETCH:
             x = x_next
 
@@ -427,9 +455,13 @@ CODE_STEPS = ("tree", "fma", "f16x2")
 
 
 def default_code_step(bits: int) -> str:
-    """The code step of :func:`quantize_mse_wgmma` unless one is asked for: the midpoint tree on fp16 pairs
-    (:func:`_f16x2_codes`), two coordinates per instruction, at every width (``benchmarks/NOTES.md``, session 33)."""
-    return "f16x2"
+    """The code step of :func:`quantize_mse_wgmma` and :func:`quantize_prod_wgmma` unless one is asked for: the
+    saturating-FMA chain (:func:`_fma_codes`) at 4 bits, where the midpoint tree's selects bind the ALU pipe, the tree
+    at 1-3 bits, where it has at most three levels (the H200 timings behind this: ``benchmarks/NOTES.md``, session
+    18); TurboQuant_prod takes ``"fma"`` at every width (its residual needs the levels). ``"f16x2"`` (the tree on
+    fp16 pairs, about 0.6-0.8x the instructions offline) is an option until a GPU has checked and timed it
+    (``benchmarks/NOTES.md``, session 33)."""
+    return "fma" if bits == 4 else "tree"
 
 
 def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
@@ -458,9 +490,8 @@ def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundari
     """TurboQuant_prod (Algorithm 2) of ``x`` (..., 128) float16 or bfloat16 as
     :func:`~turboquant.kernels.quantize_prod.quantize_prod_triton` returns it (codes, signs, norms, residual norms;
     inputs checked there and by :func:`wgmma_quantize_unsupported`), by :func:`quantize_wgmma_kernel` with ``PROD``:
-    ``mse_bits`` 1-3, a symmetric codebook; ``nearest``: ``"fma"`` or ``"f16x2"`` (None: the default,
-    :func:`default_code_step`)."""
-    nearest = default_code_step(mse_bits) if nearest is None else nearest
+    ``mse_bits`` 1-3, a symmetric codebook; ``nearest``: ``"fma"`` (None: the default) or ``"f16x2"``."""
+    nearest = "fma" if nearest is None else nearest
     if nearest not in ("fma", "f16x2"):
         raise ValueError(f"the warpgroup-MMA prod kernel's nearest step is 'fma' or 'f16x2', got {nearest!r}")
     rows, lead_shape = as_rows(x)
@@ -469,7 +500,7 @@ def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundari
     signs = torch.empty((n_rows, packed_size(HEAD_DIM, 1)), dtype=torch.uint8, device=x.device)
     norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
     residual_norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
-    prod = (_sketch_operand(rotation_matrix, qjl_matrix, mse_bits), _positive_magnitudes(centroids), signs,
+    prod = (_sketch_operand(rotation_matrix, qjl_matrix, mse_bits, nearest), _positive_magnitudes(centroids), signs,
             residual_norms)
     _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, nearest, programs_per_sm, True)
     return (codes.reshape(*lead_shape, codes.shape[-1]), signs.reshape(*lead_shape, signs.shape[-1]),
@@ -489,25 +520,26 @@ def _launch(rows: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.nd
     sketch, magnitudes, signs, residual_norms = prod if prod is not None else (rows, mids, codes, norms)
     n_sm = torch.cuda.get_device_properties(rows.device).multi_processor_count if rows.is_cuda else 4
     grid = (min(triton.cdiv(n_rows, BLOCK_M.value), programs_per_sm * n_sm),)
-    quantize_wgmma_kernel[grid](rows, _code_operand(rotation_matrix, bits), mids, codes.view(torch.int32), norms, n_rows,
-                                rows.stride(0), codes.shape[1] // 4, sketch, magnitudes, signs.view(torch.int32),
-                                residual_norms, signs.shape[1] // 4, BITS=bits, NEAREST=nearest,
-                                PROD=prod is not None, PREFETCH=prefetch, num_warps=4,
+    quantize_wgmma_kernel[grid](rows, _code_operand(rotation_matrix, bits, nearest), mids, codes.view(torch.int32),
+                                norms, n_rows, rows.stride(0), codes.shape[1] // 4, sketch, magnitudes,
+                                signs.view(torch.int32), residual_norms, signs.shape[1] // 4, BITS=bits,
+                                NEAREST=nearest, PROD=prod is not None, PREFETCH=prefetch, num_warps=4,
                                 maxnreg=min(255, 65536 // (128 * programs_per_sm) // 8 * 8))
 
 
-def _code_operand(rotation_matrix: torch.Tensor, bits: int) -> torch.Tensor:
-    """B = Pi^T (128 x 128 fp16) with columns in :func:`code_column_order` of ``bits``."""
-    order = code_column_order(bits, rotation_matrix.device)
+def _code_operand(rotation_matrix: torch.Tensor, bits: int, nearest: str) -> torch.Tensor:
+    """B = Pi^T (128 x 128 fp16) with columns in :func:`code_column_order` of ``bits`` and ``nearest``."""
+    order = code_column_order(bits, nearest, rotation_matrix.device)
     return rotation_matrix.T[:, order].to(torch.float16).contiguous()
 
 
-def _sketch_operand(rotation_matrix: torch.Tensor, qjl_matrix: torch.Tensor, mse_bits: int) -> torch.Tensor:
+def _sketch_operand(rotation_matrix: torch.Tensor, qjl_matrix: torch.Tensor, mse_bits: int,
+                    nearest: str) -> torch.Tensor:
     """The second ``wgmma``'s B: (S Pi^T)^T (128 x 128 fp16), rows (the residual's rotated channels, as the first
-    product's accumulator holds them) in :func:`code_column_order` of ``mse_bits``, columns (the sign channels) in
-    that of 1-bit codes."""
-    rows = code_column_order(mse_bits, rotation_matrix.device)
-    cols = code_column_order(1, rotation_matrix.device)
+    product's accumulator holds them) in :func:`code_column_order` of ``mse_bits`` and ``nearest``, columns (the sign
+    channels) in the per-code order (the signs are stored by :func:`_store_codes`)."""
+    rows = code_column_order(mse_bits, nearest, rotation_matrix.device)
+    cols = code_column_order(1, "tree", rotation_matrix.device)
     sketch = qjl_matrix.to(torch.float64) @ rotation_matrix.to(torch.float64).T
     return sketch[cols][:, rows].T.to(torch.float16).contiguous()
 
