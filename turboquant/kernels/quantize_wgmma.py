@@ -306,37 +306,37 @@ def _store_words(words, code_words_ptr, row0, n_rows, stride_words, first, step)
 
 
 @gluon.jit
-def _store_codes(codes, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
-    """Pack (64, 128) int32 codes held in :data:`ACC` (columns in :func:`code_column_order`) into the library's bit
-    stream: lane t writes words BITS t .. BITS t + BITS - 1 of each of its rows."""
-    slots = _slots(codes, BITS)  # (64, t, slot)
-    if BITS == 3:  # four 24-bit groups g0..g3 (slots) -> words 3t, 3t + 1, 3t + 2
+def _store_slots(slots, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
+    """Store (64, 4 lanes t, slots) int32 slots into the library's bit stream: lane t writes words
+    BITS t .. BITS t + BITS - 1 of each of its rows (slot k is word BITS t + k; at 3 bits the four slots are 24-bit
+    groups g0..g3, cut into words 3t, 3t + 1, 3t + 2)."""
+    if BITS == 3:
         even, odd = gl.split(gl.reshape(slots.to(gl.uint32, bitcast=True), [64, 4, 2, 2]))
         g0, g2 = gl.split(even)
         g1, g3 = gl.split(odd)
         _store_words(g0 | (g1 << 24), code_words_ptr, row0, n_rows, stride_words, 0, 3)
         _store_words((g1 >> 8) | (g2 << 16), code_words_ptr, row0, n_rows, stride_words, 1, 3)
         _store_words((g2 >> 16) | (g3 << 8), code_words_ptr, row0, n_rows, stride_words, 2, 3)
-    else:  # slot k of lane t is word BITS t + k
+    else:
         _store_words(gl.reshape(slots, [64, 4 * BITS]), code_words_ptr, row0, n_rows, stride_words, 0, 1)
+
+
+@gluon.jit
+def _store_codes(codes, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
+    """Pack (64, 128) int32 codes held in :data:`ACC` (columns in the per-code :func:`code_column_order`) into the
+    library's bit stream (:func:`_slots`, :func:`_store_slots`)."""
+    _store_slots(_slots(codes, BITS), code_words_ptr, row0, n_rows, stride_words, BITS)
 
 
 @gluon.jit
 def _store_pairs(pairs, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
     """Pack (64, 4 lanes t, 16 pairs j) code-pair registers (:func:`_pair_registers`, columns in the ``"f16x2"``
-    :func:`code_column_order`) into the library's bit stream: lane t writes words BITS t .. BITS t + BITS - 1 of
-    each of its rows."""
-    words = _words(pairs, BITS)  # (64, t, word), 3 bits: (64, t, group) with the group's high codes at bit 16
-    if BITS == 3:  # four 24-bit groups g0..g3 -> words 3t, 3t + 1, 3t + 2
-        groups = (words & 0xFFF) | ((words >> 4) & 0xFFF000)  # codes 4-7 from bits 16-27 down to 12-23
-        even, odd = gl.split(gl.reshape(groups.to(gl.uint32, bitcast=True), [64, 4, 2, 2]))
-        g0, g2 = gl.split(even)
-        g1, g3 = gl.split(odd)
-        _store_words(g0 | (g1 << 24), code_words_ptr, row0, n_rows, stride_words, 0, 3)
-        _store_words((g1 >> 8) | (g2 << 16), code_words_ptr, row0, n_rows, stride_words, 1, 3)
-        _store_words((g2 >> 16) | (g3 << 8), code_words_ptr, row0, n_rows, stride_words, 2, 3)
-    else:  # word k of lane t is word BITS t + k
-        _store_words(gl.reshape(words, [64, 4 * BITS]), code_words_ptr, row0, n_rows, stride_words, 0, 1)
+    :func:`code_column_order`) into the library's bit stream (:func:`_words`, :func:`_store_slots`); a 3-bit group's
+    high codes move from bits 16-27 down to 12-23."""
+    words = _words(pairs, BITS)
+    if BITS == 3:
+        words = (words & 0xFFF) | ((words >> 4) & 0xFFF000)
+    _store_slots(words, code_words_ptr, row0, n_rows, stride_words, BITS)
 
 
 @gluon.jit
