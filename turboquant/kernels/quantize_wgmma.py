@@ -172,6 +172,7 @@ def _fma_centroids(y, levels, g0, g1, g2, g3, BITS: gl.constexpr):
     return gl.fma(_positive(y), 2.0 * magnitude, -magnitude)
 
 
+@gluon.constexpr_function
 def _f16x2_code_lines(bits: int, residuals: bool = False) -> list[str]:
     """PTX of :func:`_f16x2_codes` for ``bits``. Operands: outputs $0, $1 (int32: the pair's codes in the low bits of
     each half, twice), with ``residuals`` also $2, $3 (float32: y_u - c[code_u]); then the inputs y_0, y_1 (float32),
@@ -216,14 +217,14 @@ def _f16x2_code_lines(bits: int, residuals: bool = False) -> list[str]:
     return lines
 
 
+@gluon.constexpr_function
 def _f16x2_code_asm(bits: int, residuals: bool = False) -> str:
+    """The PTX block of :func:`_f16x2_code_lines` (a compile-time function: the kernel picks it by ``BITS``)."""
     return ("{\n.reg .b32 h, a, z, p, t, c2, c1, c0, u, v, w;\n.reg .b16 lo, hi;\n.reg .f32 f;\n"
             + "\n".join(_f16x2_code_lines(bits, residuals)) + "\n}")
 
 
-F16X2_CODES_1, F16X2_CODES_2, F16X2_CODES_3, F16X2_CODES_4 = (gl.constexpr(_f16x2_code_asm(b)) for b in (1, 2, 3, 4))
 F16X2_CODES_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 2 + ["r"] * 16))
-F16X2_RESIDUALS_1, F16X2_RESIDUALS_2, F16X2_RESIDUALS_3 = (gl.constexpr(_f16x2_code_asm(b, True)) for b in (1, 2, 3))
 F16X2_RESIDUALS_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 24))
 
 
@@ -234,15 +235,7 @@ def _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS: gl.constexpr):
     positive midpoints as int32 words of two equal fp16 halves (scalars). Returns (64, 128) int32 whose columns
     8j + 2t and 8j + 2t + 1 both hold the pair's register (:func:`_pair_registers`). The fp16 rounding of y and
     of the midpoints moves a coordinate's code only within 2^-10 |y| + 2^-24 of a midpoint (a tie)."""
-    if BITS == 1:
-        asm: gl.constexpr = F16X2_CODES_1
-    elif BITS == 2:
-        asm: gl.constexpr = F16X2_CODES_2
-    elif BITS == 3:
-        asm: gl.constexpr = F16X2_CODES_3
-    else:
-        asm: gl.constexpr = F16X2_CODES_4
-    return gl.inline_asm_elementwise(asm, F16X2_CODES_CONSTRAINTS, [y, w0, w1, w2, w3, w4, w5, w6], dtype=gl.int32,
+    return gl.inline_asm_elementwise(_f16x2_code_asm(BITS, False), F16X2_CODES_CONSTRAINTS, [y, w0, w1, w2, w3, w4, w5, w6], dtype=gl.int32,
                                      is_pure=True, pack=2)
 
 
@@ -251,13 +244,7 @@ def _f16x2_codes_residuals(y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, BITS: 
     """:func:`_f16x2_codes` and the residuals y - c[code] (float32, (64, 128) in :data:`ACC`), the centroid chosen
     by the same masks from ``v0`` .. ``v3``, the positive centroids g_j as words of two equal fp16 halves (so c[code]
     is rounded to fp16: within 2^-11 |c| of the codebook's); 1-3 bits."""
-    if BITS == 1:
-        asm: gl.constexpr = F16X2_RESIDUALS_1
-    elif BITS == 2:
-        asm: gl.constexpr = F16X2_RESIDUALS_2
-    else:
-        asm: gl.constexpr = F16X2_RESIDUALS_3
-    return gl.inline_asm_elementwise(asm, F16X2_RESIDUALS_CONSTRAINTS, [y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3],
+    return gl.inline_asm_elementwise(_f16x2_code_asm(BITS, True), F16X2_RESIDUALS_CONSTRAINTS, [y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3],
                                      dtype=(gl.int32, gl.float32), is_pure=True, pack=2)
 
 
