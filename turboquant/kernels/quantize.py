@@ -48,6 +48,7 @@ from ._layout import (
 _MAGIC = 12582912.0  # 1.5 * 2**23: adding it to 0 <= u < 2**22 leaves round(u) in the low mantissa bits
 _CODE_BITS = 4       # low mantissa bits of a table entry holding the base code (bits <= 4)
 _ABOVE_ALL = 4.0     # "no midpoint in this cell": larger than any |y_j| <= 1
+WGMMA_CODE_STEPS = ("fma", "f16x2")  # nearest-centroid steps only the wgmma kernels have (``quantize_wgmma``)
 
 
 def _as_numpy(values: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -141,7 +142,7 @@ def nearest_operands(boundaries: torch.Tensor | np.ndarray, nearest: str, device
     each new token), and the kernels only read the table."""
     if nearest not in ("table", "tree", "none"):
         raise ValueError(f"the tile kernel's nearest step is 'table' or 'tree', got {nearest!r}"
-                         + (f" ({nearest!r} is the wgmma kernel's)" if nearest in ("fma", "f16x2") else ""))
+                         + (f" ({nearest!r} is the wgmma kernel's)" if nearest in WGMMA_CODE_STEPS else ""))
     bnd = _as_numpy(boundaries)  # "none" reads the cell table too: one cached copy for both
     return _device_operands(bnd.tobytes(), "tree" if nearest == "tree" else "table", str(torch.device(device)))
 
@@ -332,11 +333,11 @@ def quantize_mse_triton(
     bytes_per_group, codes_per_group = group_geometry(bits)
     if len(_as_numpy(boundaries)) != 2 ** bits - 1:
         raise ValueError(f"{bits}-bit codebook needs {2 ** bits - 1} boundaries")
-    if nearest not in (None, "table", "tree", "fma", "f16x2"):
+    if nearest not in (None, "table", "tree", *WGMMA_CODE_STEPS):
         raise ValueError(f"nearest must be None, 'table', 'tree', 'fma' or 'f16x2', got {nearest!r}")
     if kernel == "auto" and (nearest in ("table", "tree") or not lookup):
         kernel = "tiles"  # the tile kernel's own options were asked for
-    if kernel == "auto" and nearest in ("fma", "f16x2"):
+    if kernel == "auto" and nearest in WGMMA_CODE_STEPS:
         kernel = "wgmma"  # wgmma's own option: fails loudly, naming why, where wgmma cannot run
     if kernel == "wgmma" and (nearest == "table" or not lookup):
         raise ValueError("the wgmma quantize kernel has no cell table and always looks up: nearest must be "

@@ -33,6 +33,7 @@ from ._layout import (
     store_group_words,
 )
 from .quantize import (
+    WGMMA_CODE_STEPS,
     _as_numpy,
     _check_inputs,
     _codes,
@@ -124,8 +125,8 @@ def quantize_prod_triton(
         mse_bits: b - 1, in 0..4.
         qjl_matrix: S (dim, dim), the QJL stage's Gaussian matrix (``TurboQuantProd.qjl.matrix``).
         nearest: the nearest-centroid step. The tile kernel's: ``"table"`` (its default) or ``"tree"``
-            (``quantize.nearest_operands``); the wgmma kernel's: ``"fma"`` or ``"f16x2"`` (its default;
-            :func:`turboquant.kernels.quantize_wgmma.quantize_prod_wgmma`). None: the chosen kernel's default.
+            (``quantize.nearest_operands``); the wgmma kernel's: ``"fma"`` (its default) or ``"f16x2"``
+            (:func:`turboquant.kernels.quantize_wgmma.quantize_prod_wgmma`). None: the chosen kernel's default.
         kernel: ``"tiles"`` (this module's kernel), ``"wgmma"``
             (:func:`turboquant.kernels.quantize_wgmma.quantize_prod_wgmma`, Gluon, Hopper only: float16 or bfloat16
             rows of 128 channels, ``mse_bits`` 1-3, a symmetric codebook; ``block_n``, ``num_warps`` unused) or
@@ -147,13 +148,13 @@ def quantize_prod_triton(
         if len(_as_numpy(boundaries)) != 2 ** mse_bits - 1 or centroids.numel() != 2 ** mse_bits:
             raise ValueError(f"a {mse_bits}-bit MSE stage needs {2 ** mse_bits - 1} boundaries and "
                              f"{2 ** mse_bits} centroids")
-    if nearest not in (None, "table", "tree", "fma", "f16x2"):
+    if nearest not in (None, "table", "tree", *WGMMA_CODE_STEPS):
         raise ValueError(f"nearest must be None, 'table', 'tree', 'fma' or 'f16x2', got {nearest!r}")
     if kernel == "auto" and nearest is not None:  # the option names its kernel
-        kernel = "wgmma" if nearest in ("fma", "f16x2") else "tiles"
+        kernel = "wgmma" if nearest in WGMMA_CODE_STEPS else "tiles"
     if kernel == "wgmma" and nearest in ("table", "tree"):
         raise ValueError(f"the wgmma prod kernel's nearest step is 'fma' or 'f16x2', got {nearest!r}")
-    if kernel == "tiles" and nearest in ("fma", "f16x2"):
+    if kernel == "tiles" and nearest in WGMMA_CODE_STEPS:
         raise ValueError(f"the tile prod kernel's nearest step is 'table' or 'tree' ({nearest!r} is the wgmma "
                          "kernel's)")
     if kernel != "tiles":

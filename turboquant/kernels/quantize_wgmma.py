@@ -44,6 +44,7 @@ TILE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # 64 x 12
 SHARED_B = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 
 
+@gluon.constexpr_function
 def pairs_per_word(bits: int) -> int:
     """Accumulator column pairs (u = 0, 1) whose codes share a packed 32-bit word in the ``"f16x2"`` order: 16 / b;
     at 3 bits the 4 pairs of a 24-bit group of 8 codes."""
@@ -235,8 +236,8 @@ def _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS: gl.constexpr):
     positive midpoints as int32 words of two equal fp16 halves (scalars). Returns (64, 128) int32 whose columns
     8j + 2t and 8j + 2t + 1 both hold the pair's register (:func:`_pair_registers`). The fp16 rounding of y and
     of the midpoints moves a coordinate's code only within 2^-10 |y| + 2^-24 of a midpoint (a tie)."""
-    return gl.inline_asm_elementwise(_f16x2_code_asm(BITS, False), F16X2_CODES_CONSTRAINTS, [y, w0, w1, w2, w3, w4, w5, w6], dtype=gl.int32,
-                                     is_pure=True, pack=2)
+    return gl.inline_asm_elementwise(_f16x2_code_asm(BITS, False), F16X2_CODES_CONSTRAINTS,
+                                     [y, w0, w1, w2, w3, w4, w5, w6], dtype=gl.int32, is_pure=True, pack=2)
 
 
 @gluon.jit
@@ -244,8 +245,9 @@ def _f16x2_codes_residuals(y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, BITS: 
     """:func:`_f16x2_codes` and the residuals y - c[code] (float32, (64, 128) in :data:`ACC`), the centroid chosen
     by the same masks from ``v0`` .. ``v3``, the positive centroids g_j as words of two equal fp16 halves (so c[code]
     is rounded to fp16: within 2^-11 |c| of the codebook's); 1-3 bits."""
-    return gl.inline_asm_elementwise(_f16x2_code_asm(BITS, True), F16X2_RESIDUALS_CONSTRAINTS, [y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3],
-                                     dtype=(gl.int32, gl.float32), is_pure=True, pack=2)
+    return gl.inline_asm_elementwise(_f16x2_code_asm(BITS, True), F16X2_RESIDUALS_CONSTRAINTS,
+                                     [y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3], dtype=(gl.int32, gl.float32),
+                                     is_pure=True, pack=2)
 
 
 @gluon.jit
@@ -273,8 +275,8 @@ def _words(pairs, BITS: gl.constexpr):
     """(64, 4, 16) pair registers (:func:`code_column_order`) -> (64, 4, 16 / P) the sums of pair p << BITS p over
     the P = :func:`pairs_per_word` pairs of each word (3 bits: 24-bit group), a shift-add per pair (``LEA``), as a
     tree over p: the low code of pair p lands at bits BITS p, the high one at 16 + BITS p."""
-    P: gl.constexpr = 4 if BITS == 3 else 16 // BITS
-    LEVELS: gl.constexpr = 2 if P == 4 else (3 if P == 8 else 4)
+    P: gl.constexpr = pairs_per_word(BITS)
+    LEVELS: gl.constexpr = 2 if P == 4 else (3 if P == 8 else 4)  # log2 P
     x = gl.reshape(pairs, [64, 4, 16 // P, P])
     for level in gl.static_range(LEVELS):
         even, odd = gl.split(gl.reshape(x, [64, 4, 16 // P, P >> (level + 1), 2]))
@@ -442,11 +444,11 @@ CODE_STEPS = ("tree", "fma", "f16x2")
 
 
 def default_code_step(bits: int) -> str:
-    """The code step of :func:`quantize_mse_wgmma` and :func:`quantize_prod_wgmma` unless one is asked for: the
-    saturating-FMA chain (:func:`_fma_codes`) at 4 bits, where the midpoint tree's selects bind the ALU pipe, the tree
-    at 1-3 bits, where it has at most three levels (the H200 timings behind this: ``benchmarks/NOTES.md``, session
-    18); TurboQuant_prod takes ``"fma"`` at every width (its residual needs the levels). ``"f16x2"`` (the tree on
-    fp16 pairs, about 0.6-0.8x the instructions offline) is an option until a GPU has checked and timed it
+    """The code step of :func:`quantize_mse_wgmma` unless one is asked for: the saturating-FMA chain
+    (:func:`_fma_codes`) at 4 bits, where the midpoint tree's selects bind the ALU pipe, the tree at 1-3 bits, where
+    it has at most three levels (the H200 timings behind this: ``benchmarks/NOTES.md``, session 18).
+    (:func:`quantize_prod_wgmma` takes ``"fma"``: its residual needs the levels.) ``"f16x2"`` (the tree on fp16
+    pairs, about 0.6-0.8x the instructions offline) is an option until a GPU has checked and timed it
     (``benchmarks/NOTES.md``, session 33)."""
     return "fma" if bits == 4 else "tree"
 
