@@ -9,6 +9,7 @@
 # commit), pytest.txt, log.txt, kernels.md, results.csv and the run record (two folders deep at most).
 # NCU=1 adds ncu of one launch of each default kernel (benchmarks/ncu_quantize_decode.py: quantize at 4 / 3 / 2 bits,
 # prod, scores and decode at B=8/32K) as ncu_kernels.txt, with the stall cycles per issued instruction by reason.
+# RUN_ARGS: more overrides for run.py, e.g. RUN_ARGS='kernels_set.ops=[quantize,prod]' (a set's ops alone).
 # ONLY_ON=H200 stops at once (exit 3, before any test or install) where the GPU's name lacks that text: a call that
 # names the nvidia-h200 kind may be given an H100, whose timings the kernels have (sessions 21, 24, 28).
 set -uo pipefail
@@ -31,7 +32,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 timeout "${TEST_SECONDS:-150}" python3 -m pytest -v -rfE --tb=short -k "not offline" "${tests[@]}" > "$OUT/pytest.txt" 2>&1
 echo "pytest: exit $?"; tail -3 "$OUT/pytest.txt"
 timeout "${RUN_SECONDS:-300}" python3 run.py experiment=kernels "+kernels_set=$set_name" paths.results_dir=/tmp/kr \
-  paths.figures_dir=/tmp/kr/figures > "$OUT/log.txt" 2>&1
+  paths.figures_dir=/tmp/kr/figures ${RUN_ARGS:-} > "$OUT/log.txt" 2>&1
 echo "run: exit $?"
 cp /tmp/kr/kernels/kernels.md /tmp/kr/kernels/results.csv "$OUT/" 2>/dev/null
 mkdir -p "$OUT/runs" && cp /tmp/kr/kernels/runs/*.json "$OUT/runs/" 2>/dev/null
