@@ -132,23 +132,19 @@ def _session5_calls(ops: list[str]):
             from turboquant.kernels import quantize_wgmma
 
             x = torch.randn(1000, dim, generator=gen).half()
-            for nearest in quantize_wgmma.CODE_STEPS:
-                for bits in (4, 3, 2, 1):
-                    label["now"] = f"quantize b={bits} wgmma {nearest}"
-                    quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, bits).boundaries, bits,
-                                                      nearest=nearest)
-            for nearest in quantize_wgmma.CODE_STEPS:  # four programs per SM: 128 registers, no prefetch
-                label["now"] = f"quantize b=4 wgmma {nearest} 4/SM no prefetch"
-                quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4,
-                                                  nearest=nearest, programs_per_sm=4, prefetch=False)
+            for bits in (4, 3, 2, 1):
+                label["now"] = f"quantize b={bits} wgmma"
+                quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, bits).boundaries, bits)
+            label["now"] = "quantize b=4 wgmma 4/SM no prefetch"  # four programs per SM: 128 registers
+            quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4, programs_per_sm=4,
+                                              prefetch=False)
             sketch = torch.randn(dim, dim, generator=gen)
-            for nearest in ("fma", "f16x2"):
-                for bits in (4, 3, 2):
-                    label["now"] = f"quantize prod b={bits} wgmma {nearest}"
-                    codebook = tq.lloyd_max_codebook(dim, bits - 1)
-                    quantize_wgmma.quantize_prod_wgmma(x, rot, codebook.boundaries, codebook.centroids_tensor(),
-                                                       bits - 1, sketch, nearest=nearest)
-            label["now"] = "quantize b=4 wgmma bf16 rows"  # the default code step
+            for bits in (4, 3, 2):
+                label["now"] = f"quantize prod b={bits} wgmma"
+                codebook = tq.lloyd_max_codebook(dim, bits - 1)
+                quantize_wgmma.quantize_prod_wgmma(x, rot, codebook.boundaries, codebook.centroids_tensor(), bits - 1,
+                                                   sketch)
+            label["now"] = "quantize b=4 wgmma bf16 rows"
             quantize_wgmma.quantize_mse_wgmma(x.bfloat16(), rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4)
         if "mma" in ops:  # the register-operand kernel (Gluon): 4-bit K/V only
             cb = tq.lloyd_max_codebook(dim, 4).centroids_tensor()

@@ -5,7 +5,7 @@
     ncu ... -k regex:mma_split python -m benchmarks.ncu_quantize_decode --ops decode --bits 4 --decoders prmt lut
 
 ``quantize``: 16M x 128 fp16 rows at 4, 3 and 2 bits (``quantize_mse_triton``, ``kernel="auto"``); ``prod``: the
-same rows, TurboQuant_prod at 4 bits (3-bit codes + QJL signs); ``--nearest`` the quantize kernels' code step; ``scores``: logits of B=8, 32K 4-bit keys through
+same rows, TurboQuant_prod at 4 bits (3-bit codes + QJL signs); ``scores``: logits of B=8, 32K 4-bit keys through
 the register-operand kernel; ``decode``: B=8, 32K decode attention over K4V4, K3V3 and the 3.5-bit outlier preset
 (``kernel="auto"``; the benchmark's random caches; ``--bits`` a subset, ``--decoders`` the register-operand
 kernel's decoders to run at 4 bits, each one launch of that kernel). Profiled by ``scripts/h200_kernels.sh`` with
@@ -22,7 +22,7 @@ OPS = ("quantize", "prod", "scores", "decode")
 BATCH, TOKENS, ROWS = 8, 32768, 1 << 24
 
 
-def _quantize(device: torch.device, prod: bool, nearest: str | None) -> None:
+def _quantize(device: torch.device, prod: bool) -> None:
     import turboquant as tq
     from turboquant.kernels.quantize import quantize_mse_triton
     from turboquant.kernels.quantize_prod import quantize_prod_triton
@@ -32,12 +32,11 @@ def _quantize(device: torch.device, prod: bool, nearest: str | None) -> None:
     if prod:
         codebook = tq.lloyd_max_codebook(HEAD_DIM, 3)
         qjl = torch.randn(HEAD_DIM, HEAD_DIM, device=device)
-        quantize_prod_triton(x, rotation, codebook.boundaries, codebook.centroids_tensor(device), 3, qjl,
-                             nearest=nearest)
+        quantize_prod_triton(x, rotation, codebook.boundaries, codebook.centroids_tensor(device), 3, qjl)
         return
     for bits in (4, 3, 2):
         quantize_mse_triton(x, rotation, tq.lloyd_max_codebook(HEAD_DIM, bits).boundaries, bits,
-                            norms_dtype=torch.float16, nearest=nearest)
+                            norms_dtype=torch.float16)
 
 
 def _scores(device: torch.device) -> None:
@@ -70,14 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
     parser.add_argument("--bits", nargs="+", type=float, choices=(4, 3, 3.5), default=[4, 3, 3.5])
-    parser.add_argument("--nearest", choices=("tree", "fma", "f16x2"), default=None,
-                        help="the quantize kernels' code step (default: each kernel's own)")
     parser.add_argument("--decoders", nargs="+", choices=("auto", "prmt", "lut"), default=["auto"])
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     for op in args.ops:
         if op in ("quantize", "prod"):
-            _quantize(device, prod=op == "prod", nearest=args.nearest)
+            _quantize(device, prod=op == "prod")
         elif op == "scores":
             _scores(device)
         else:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device call of the kernel benchmarks (results/kernels/README.md), everything it returns under $OUT:
 #   bash scripts/h200_kernels.sh SET [PYTEST_SELECTION...]
-# SET: a configs/kernels_set/ name (e.g. session19). First the GPU kernel tests (default: the Gluon kernels' suites
-# and the static store's CUDA-graph tests, not its CPU tests, whose cache= keyword the image's transformers 5.17 lacks;
-# or the pytest arguments given), then `python3 run.py experiment=kernels +kernels_set=SET`, each under a budget
-# (TEST_SECONDS, RUN_SECONDS) so that a hang still returns what finished. Wheels (hydra-core, omegaconf, antlr4,
-# platformdirs; not in the device image) are installed from .whl/ (carry it). $OUT receives gpu.txt (GPU, driver,
-# commit), pytest.txt, log.txt, kernels.md, results.csv and the run record (two folders deep at most).
+# SET: a configs/kernels_set/ name (e.g. session34, the issue's run). First the GPU kernel tests (default: the Gluon
+# kernels' suites and the static store's CUDA-graph tests, not its CPU tests, whose cache= keyword the image's
+# transformers 5.17 lacks; or the pytest arguments given), then `python3 run.py experiment=kernels +kernels_set=SET`,
+# each under a budget (TEST_SECONDS, RUN_SECONDS) so that a hang still returns what finished. Wheels (hydra-core,
+# omegaconf, antlr4, platformdirs; not in the device image) are installed from .whl/ (carry it). $OUT receives gpu.txt
+# (GPU, driver, commit), pytest.txt, log.txt, kernels.md, results.csv and the run record (two folders deep at most).
 # NCU=1 adds ncu of one launch of each default kernel (benchmarks/ncu_quantize_decode.py: quantize at 4 / 3 / 2 bits,
 # prod, scores and decode at B=8/32K) as ncu_kernels.txt, with the stall cycles per issued instruction by reason.
 # RUN_ARGS: more overrides for run.py, e.g. RUN_ARGS='kernels_set.ops=[quantize,prod]' (a set's ops alone).

@@ -48,7 +48,6 @@ from ._layout import (
 _MAGIC = 12582912.0  # 1.5 * 2**23: adding it to 0 <= u < 2**22 leaves round(u) in the low mantissa bits
 _CODE_BITS = 4       # low mantissa bits of a table entry holding the base code (bits <= 4)
 _ABOVE_ALL = 4.0     # "no midpoint in this cell": larger than any |y_j| <= 1
-WGMMA_CODE_STEPS = ("fma", "f16x2")  # nearest-centroid steps only the wgmma kernels have (``quantize_wgmma``)
 
 
 def _as_numpy(values: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -141,8 +140,7 @@ def nearest_operands(boundaries: torch.Tensor | np.ndarray, nearest: str, device
     kept: a host-to-device copy per launch would synchronise the stream at every call (a decode step quantizes
     each new token), and the kernels only read the table."""
     if nearest not in ("table", "tree", "none"):
-        raise ValueError(f"the tile kernel's nearest step is 'table' or 'tree', got {nearest!r}"
-                         + (f" ({nearest!r} is the wgmma kernel's)" if nearest in WGMMA_CODE_STEPS else ""))
+        raise ValueError(f"the tile kernel's nearest step is 'table' or 'tree', got {nearest!r}")
     bnd = _as_numpy(boundaries)  # "none" reads the cell table too: one cached copy for both
     return _device_operands(bnd.tobytes(), "tree" if nearest == "tree" else "table", str(torch.device(device)))
 
@@ -311,18 +309,14 @@ def quantize_mse_triton(
             kernel takes the last two (``num_stages`` 1: no prefetch of the next tile's rows, default 2;
             ``programs_per_sm`` default 3, its register budget set to fit).
         lookup: False skips the nearest-centroid step and returns wrong codes (benchmark attribution only).
-        nearest: the nearest-centroid step. The tile kernel's: ``"table"`` (cell-table gather, its default) or
-            ``"tree"`` (midpoint binary search in registers, symmetric codebooks; module docstring). The wgmma
-            kernel's: ``"tree"``, ``"fma"`` (the tree's levels as saturating FMAs,
-            :func:`~turboquant.kernels.quantize_wgmma._fma_codes`) or ``"f16x2"`` (the tree on fp16 pairs,
-            :func:`~turboquant.kernels.quantize_wgmma._f16x2_codes`); its default,
-            :func:`~turboquant.kernels.quantize_wgmma.default_code_step`. None: the chosen kernel's default.
+        nearest: the tile kernel's nearest-centroid step: ``"table"`` (cell-table gather, its default) or
+            ``"tree"`` (midpoint binary search in registers, symmetric codebooks; module docstring). The wgmma kernel
+            has one step, the midpoint tree on fp16 pairs (:func:`~turboquant.kernels.quantize_wgmma._f16x2_codes`).
         kernel: ``"tiles"`` (this module's kernel; the options above tune it), ``"wgmma"``
             (:mod:`turboquant.kernels.quantize_wgmma`, Gluon, Hopper only: float16 or bfloat16 rows of 128 channels,
             symmetric codebooks; ``block_n`` and ``num_warps`` unused) or ``"auto"``: ``"wgmma"`` where it serves
-            (``turboquant.backends.quantize_kernel``), else ``"tiles"``; ``"tiles"`` as well when ``nearest`` is
-            ``"table"`` or ``"tree"`` or ``lookup`` is False (the tile kernel's own options), ``"wgmma"`` when it is
-            ``"fma"`` or ``"f16x2"``.
+            (``turboquant.backends.quantize_kernel``), else ``"tiles"``; ``"tiles"`` as well when ``nearest`` is given
+            or ``lookup`` is False (the tile kernel's own options).
 
     Returns:
         ``(codes, norms)``: uint8 (..., ceil(dim * bits / 8)) in the library's packed layout, and
@@ -333,21 +327,20 @@ def quantize_mse_triton(
     bytes_per_group, codes_per_group = group_geometry(bits)
     if len(_as_numpy(boundaries)) != 2 ** bits - 1:
         raise ValueError(f"{bits}-bit codebook needs {2 ** bits - 1} boundaries")
-    if nearest not in (None, "table", "tree", *WGMMA_CODE_STEPS):
-        raise ValueError(f"nearest must be None, 'table', 'tree', 'fma' or 'f16x2', got {nearest!r}")
-    if kernel == "auto" and (nearest in ("table", "tree") or not lookup):
+    if nearest not in (None, "table", "tree"):
+        raise ValueError(f"nearest must be None, 'table' or 'tree', got {nearest!r}")
+    if kernel == "auto" and (nearest is not None or not lookup):
         kernel = "tiles"  # the tile kernel's own options were asked for
-    if kernel == "auto" and nearest in WGMMA_CODE_STEPS:
-        kernel = "wgmma"  # wgmma's own option: fails loudly, naming why, where wgmma cannot run
-    if kernel == "wgmma" and (nearest == "table" or not lookup):
-        raise ValueError("the wgmma quantize kernel has no cell table and always looks up: nearest must be "
-                         f"None, 'tree', 'fma' or 'f16x2' and lookup True, got nearest={nearest!r}, lookup={lookup}")
+    if kernel == "wgmma" and (nearest is not None or not lookup):
+        raise ValueError("the wgmma quantize kernel has one nearest-centroid step (the midpoint tree on fp16 pairs) "
+                         f"and always looks up; nearest and lookup are the tile kernel's options, got "
+                         f"nearest={nearest!r}, lookup={lookup}")
     if kernel != "tiles":
         kernel = quantize_kernel(kernel, None, wgmma_unsupported(x, bits)).chosen  # the device judged there
     if kernel == "wgmma":
         from .quantize_wgmma import quantize_mse_wgmma
 
-        return quantize_mse_wgmma(x, rotation_matrix, _as_numpy(boundaries), bits, norms_dtype, nearest=nearest,
+        return quantize_mse_wgmma(x, rotation_matrix, _as_numpy(boundaries), bits, norms_dtype,
                                   programs_per_sm=programs_per_sm or 3, prefetch=(num_stages or 2) > 1)
     nearest = nearest or "table"
     rows, lead_shape = as_rows(x)

@@ -33,7 +33,6 @@ from ._layout import (
     store_group_words,
 )
 from .quantize import (
-    WGMMA_CODE_STEPS,
     _as_numpy,
     _check_inputs,
     _codes,
@@ -124,14 +123,14 @@ def quantize_prod_triton(
             codebook's midpoints and centroids); all None when ``mse_bits == 0`` (b = 1: QJL alone).
         mse_bits: b - 1, in 0..4.
         qjl_matrix: S (dim, dim), the QJL stage's Gaussian matrix (``TurboQuantProd.qjl.matrix``).
-        nearest: the nearest-centroid step. The tile kernel's: ``"table"`` (its default) or ``"tree"``
-            (``quantize.nearest_operands``); the wgmma kernel's: ``"fma"`` (its default) or ``"f16x2"``
-            (:func:`turboquant.kernels.quantize_wgmma.quantize_prod_wgmma`). None: the chosen kernel's default.
+        nearest: the tile kernel's nearest-centroid step, ``"table"`` (its default) or ``"tree"``
+            (``quantize.nearest_operands``). The wgmma kernel has one step, the midpoint tree on fp16 pairs
+            (:func:`turboquant.kernels.quantize_wgmma.quantize_prod_wgmma`).
         kernel: ``"tiles"`` (this module's kernel), ``"wgmma"``
             (:func:`turboquant.kernels.quantize_wgmma.quantize_prod_wgmma`, Gluon, Hopper only: float16 or bfloat16
             rows of 128 channels, ``mse_bits`` 1-3, a symmetric codebook; ``block_n``, ``num_warps`` unused) or
             ``"auto"``: ``"wgmma"`` where it serves (``turboquant.backends.quantize_kernel``), else ``"tiles"``;
-            ``"tiles"`` as well when ``nearest`` is the tile kernel's, ``"wgmma"`` when it is the wgmma kernel's.
+            ``"tiles"`` as well when ``nearest`` is given (the tile kernel's option).
 
     Returns:
         ``(codes, signs, norms, residual_norms)``: codes uint8 (..., ceil(dim * mse_bits / 8)) (empty
@@ -148,15 +147,13 @@ def quantize_prod_triton(
         if len(_as_numpy(boundaries)) != 2 ** mse_bits - 1 or centroids.numel() != 2 ** mse_bits:
             raise ValueError(f"a {mse_bits}-bit MSE stage needs {2 ** mse_bits - 1} boundaries and "
                              f"{2 ** mse_bits} centroids")
-    if nearest not in (None, "table", "tree", *WGMMA_CODE_STEPS):
-        raise ValueError(f"nearest must be None, 'table', 'tree', 'fma' or 'f16x2', got {nearest!r}")
-    if kernel == "auto" and nearest is not None:  # the option names its kernel
-        kernel = "wgmma" if nearest in WGMMA_CODE_STEPS else "tiles"
-    if kernel == "wgmma" and nearest in ("table", "tree"):
-        raise ValueError(f"the wgmma prod kernel's nearest step is 'fma' or 'f16x2', got {nearest!r}")
-    if kernel == "tiles" and nearest in WGMMA_CODE_STEPS:
-        raise ValueError(f"the tile prod kernel's nearest step is 'table' or 'tree' ({nearest!r} is the wgmma "
-                         "kernel's)")
+    if nearest not in (None, "table", "tree"):
+        raise ValueError(f"nearest must be None, 'table' or 'tree', got {nearest!r}")
+    if kernel == "auto" and nearest is not None:
+        kernel = "tiles"  # the tile kernel's own option was asked for
+    if kernel == "wgmma" and nearest is not None:
+        raise ValueError("the wgmma prod kernel has one nearest-centroid step (the midpoint tree on fp16 pairs); "
+                         f"nearest is the tile kernel's option, got nearest={nearest!r}")
     if kernel != "tiles":
         reason = None if 1 <= mse_bits <= 3 else f"the wgmma prod kernel writes 1-3-bit MSE codes, not {mse_bits}"
         kernel = quantize_kernel(kernel, None, reason or wgmma_unsupported(x, mse_bits)).chosen  # raises if asked
@@ -164,7 +161,7 @@ def quantize_prod_triton(
         from .quantize_wgmma import quantize_prod_wgmma
 
         return quantize_prod_wgmma(x, rotation_matrix, _as_numpy(boundaries), centroids, mse_bits, qjl_matrix,
-                                   norms_dtype, nearest=nearest)
+                                   norms_dtype)
     nearest = nearest or "table"
     rows, lead_shape = as_rows(x)
     n_rows = rows.shape[0]

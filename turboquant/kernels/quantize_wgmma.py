@@ -5,21 +5,21 @@ A persistent program is one warpgroup (4 warps) and owns tiles of 64 rows. Per t
 
     n = ||x||,   y = (x / n) B   with  B = Pi^T, columns permuted by :func:`code_column_order`  (``wgmma``: the unit
                                      rows are the register operand, B sits in shared memory, loaded once per program),
-    idx_j = #{k : y_j > t_k}         (the branch-free midpoint tree of ``quantize.py``: the Lloyd-Max midpoints are
-                                      symmetric, so the sign of y and b - 1 compares of |y| against the 2^(b-1) - 1
-                                      positive midpoints, held as scalars),
+    idx_j = #{k : y_j > t_k}         (the Lloyd-Max midpoints are symmetric: the sign of y and b - 1 compares of |y|
+                                      against the 2^(b-1) - 1 positive midpoints, a branch-free binary search),
 
 and the codes go to memory straight from the accumulator. Lane 4g + t of a warp holds accumulator columns
-8j + 2t + u (j = 0..15, u = 0, 1) of its rows; B's column permutation (:func:`code_column_order`) puts there the
-rotated channels 32t .. 32t + 31, so a lane assembles b 32-bit words of the packed row (16 / 12 / 8 / 4 bytes at
-b = 4 / 3 / 2 / 1) in registers and stores them without an exchange: code by code for the float32 code steps
-(``"tree"``, ``"fma"``), a register of two codes at a time for ``"f16x2"``, which runs the tree on both coordinates
-of a column pair at once in fp16 (its column order puts a pair's two codes in one word, 16 bits apart). The rows are
-loaded coalesced (16 bytes per lane) and the next tile's loads are issued before the current tile is computed.
+8j + 2t + u (j = 0..15, u = 0, 1) of its rows. The code step runs on the two coordinates of a column pair at once,
+in fp16 (:func:`_f16x2_codes`: the pair converted to one register, the search on both halves per instruction), and
+B's column permutation puts in lane t the rotated channels 32t .. 32t + 31, a pair's two codes 16 bits apart in
+one packed word, so a lane assembles b 32-bit words of the packed row (16 / 12 / 8 / 4 bytes at b = 4 / 3 / 2 / 1)
+with a shift-add per pair and stores them without an exchange. The rows are loaded coalesced (16 bytes per lane)
+and the next tile's loads are issued before the current tile is computed.
 
 The unit rows and the rotation are fp16 with fp32 sums, as in :func:`turboquant.kernels.quantize.quantize_mse_triton`;
-the float64 reference's codes differ only for coordinates within ~1e-3 |y| of a midpoint. GPU only (Gluon has no
-interpreter); :func:`wgmma_quantize_unsupported` says what it does not read.
+the code step compares y and the midpoints rounded to fp16, so the float64 reference's codes differ only for
+coordinates within ~1e-3 |y| of a midpoint. GPU only (Gluon has no interpreter); :func:`wgmma_quantize_unsupported`
+says what it does not read. TurboQuant_prod (Algorithm 2) runs in the same kernel (:func:`quantize_prod_wgmma`).
 """
 from __future__ import annotations
 
@@ -46,24 +46,21 @@ SHARED_B = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bit
 
 @gluon.constexpr_function
 def pairs_per_word(bits: int) -> int:
-    """Accumulator column pairs (u = 0, 1) whose codes share a packed 32-bit word in the ``"f16x2"`` order: 16 / b;
-    at 3 bits the 4 pairs of a 24-bit group of 8 codes."""
+    """Accumulator column pairs (u = 0, 1) whose codes share a packed 32-bit word: 16 / b; at 3 bits the 4 pairs of a
+    24-bit group of 8 codes."""
     return 4 if bits == 3 else 16 // bits
 
 
 @functools.cache
-def code_column_order(bits: int, nearest: str, device: torch.device | str = "cpu") -> torch.Tensor:
+def code_column_order(bits: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Rotated channel computed in accumulator column n = 8j + 2t + u (lane t of a quad holds columns 8j + 2t + u of
-    its rows, j = 0..15) for ``bits``-bit codes and the code step ``nearest``; lane t owns channels 32t .. 32t + 31
-    either way. ``"tree"`` / ``"fma"``: channel 32t + 2j + u (each code shifted into its word on its own,
-    :func:`_store_codes`). ``"f16x2"``: with P = :func:`pairs_per_word`, channel 32t + 2P (j div P) + (j mod P) + P u,
-    so the pair (j, u = 0 / 1), one register with u = 1 in the high half, holds codes p = j mod P and p + P of word
-    (3 bits: group) j div P, at bits b p and 16 + b p = b (p + P), where the word puts them (:func:`_store_pairs`).
-    Made once per width, step and device, shared."""
+    its rows, j = 0..15) for ``bits``-bit codes: with P = :func:`pairs_per_word`, channel
+    32t + 2P (j div P) + (j mod P) + P u, so lane t owns channels 32t .. 32t + 31 and the pair (j, u = 0 / 1), one
+    register with u = 1 in the high half, holds codes p = j mod P and p + P of word (3 bits: group) j div P, at bits
+    b p and 16 + b p = b (p + P), where the word puts them (:func:`_store_pairs`). Made once per width and device,
+    shared."""
     n = torch.arange(HEAD_DIM)
     j, t, u = n >> 3, (n >> 1) & 3, n & 1
-    if nearest != "f16x2":
-        return (32 * t + 2 * j + u).to(device)
     pairs = pairs_per_word(bits)
     return (32 * t + 2 * pairs * (j // pairs) + j % pairs + pairs * u).to(device)
 
@@ -79,98 +76,6 @@ def wgmma_quantize_unsupported(x: torch.Tensor, bits: int) -> str | None:
     if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
         return "the warpgroup-MMA quantize kernel runs on Hopper GPUs (sm_90) only"
     return None
-
-
-@gluon.jit
-def _tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS: gl.constexpr):
-    """idx = #{k : y > t_k} for a symmetric codebook, from its positive midpoints m0 < m1 < ... (scalars): the sign of
-    y, then a binary search of |y| (b - 1 compares)."""
-    HALF: gl.constexpr = 1 << (BITS - 1)
-    a = gl.abs(y)
-    if BITS == 1:
-        j = gl.zeros_like(y).to(gl.int32)
-    elif BITS == 2:
-        j = (a > m0).to(gl.int32)
-    elif BITS == 3:
-        c1 = a > m1
-        j = c1.to(gl.int32) * 2 + (a > gl.where(c1, m2, m0)).to(gl.int32)
-    else:
-        c2 = a > m3
-        c1 = a > gl.where(c2, m5, m1)
-        t0 = gl.where(c2, gl.where(c1, m6, m4), gl.where(c1, m2, m0))
-        j = c2.to(gl.int32) * 4 + c1.to(gl.int32) * 2 + (a > t0).to(gl.int32)
-    return gl.where(y > 0, HALF + j, (HALF - 1) - j)
-
-
-# 1.0 where $1 > t, 0.0 where $1 <= t, given $2 = -t * 2^40: one saturating FMA (the FMA pipe, no compare or
-# select). Exact for thresholds t >= 2^-10 (any fp32 value above t then exceeds it by >= 2^-33, so the product is
-# >= 128); with $2 = 0 and the scale 2^126 instead, 1.0 exactly where $1 is a positive normal number.
-_ABOVE = gl.constexpr("fma.rn.sat.f32 $0, $1, 0f53800000, $2;")
-_POSITIVE = gl.constexpr("fma.rn.sat.f32 $0, $1, 0f7E800000, 0f00000000;")
-_SCALE = gl.constexpr(1099511627776.0)  # 2^40
-
-
-@gluon.jit
-def _above(a, neg_scaled):
-    return gl.inline_asm_elementwise(_ABOVE, "=r,r,r", [a, neg_scaled], dtype=gl.float32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _fma_levels(a, m0, m1, m2, m3, m4, m5, m6, BITS: gl.constexpr):
-    """The outcomes (c2, c1, c0), 1.0 or 0.0, of the midpoint tree's levels for |y| = ``a`` (j = 4 c2 + 2 c1 + c0;
-    the levels a width lacks are 0.0), in floating-point arithmetic for the FMA pipe instead of the integer one (the
-    tree's compares and selects are what bound the kernel, ``benchmarks/NOTES.md`` session 17): each compare is a
-    saturating FMA (:data:`_ABOVE`), the next level's threshold an FMA of the outcomes so far. The thresholds enter as
-    -t * 2^40 (exact: a power-of-two scaling); their FMA combinations round once, which can move a threshold by an
-    ulp (a tie)."""
-    zero = gl.zeros_like(a)
-    if BITS == 1:
-        levels = (zero, zero, zero)
-    elif BITS == 2:
-        levels = (zero, zero, _above(a, m0 * -_SCALE))
-    elif BITS == 3:
-        c1 = _above(a, m1 * -_SCALE)
-        levels = (zero, c1, _above(a, gl.fma(c1, (m0 - m2) * _SCALE, m0 * -_SCALE)))
-    else:
-        c2 = _above(a, m3 * -_SCALE)
-        c1 = _above(a, gl.fma(c2, (m1 - m5) * _SCALE, m1 * -_SCALE))
-        step = gl.fma(c2, (m4 + m2 - m6 - m0) * _SCALE, (m0 - m2) * _SCALE)  # threshold change when c1 = 1
-        levels = (c2, c1, _above(a, gl.fma(c1, step, gl.fma(c2, (m0 - m4) * _SCALE, m0 * -_SCALE))))
-    return levels
-
-
-@gluon.jit
-def _positive(y):
-    return gl.inline_asm_elementwise(_POSITIVE, "=r,r", [y], dtype=gl.float32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _fma_codes(y, levels, BITS: gl.constexpr):
-    """The codes of :func:`_tree_codes` from :func:`_fma_levels`: code = h - 1 - j + [y > 0] (2j + 1), read from the
-    bits of code + 1.5 * 2^23."""
-    HALF: gl.constexpr = 1 << (BITS - 1)
-    if BITS == 4:
-        j = gl.fma(levels[0], 4.0, gl.fma(levels[1], 2.0, levels[2]))
-    elif BITS == 3:
-        j = gl.fma(levels[1], 2.0, levels[2])
-    else:
-        j = levels[2]
-    biased = gl.fma(_positive(y), gl.fma(j, 2.0, 1.0), (HALF - 1 + 12582912.0) - j)  # code + 1.5 * 2^23, exact
-    return biased.to(gl.int32, bitcast=True) & ((1 << BITS) - 1)
-
-
-@gluon.jit
-def _fma_centroids(y, levels, g0, g1, g2, g3, BITS: gl.constexpr):
-    """The centroid c[code] of each coordinate, from :func:`_fma_levels` and the symmetric codebook's positive half
-    g0 < g1 < ... (c[h + j] = g_j, c[h - 1 - j] = -g_j): g_j as the multilinear form in the level outcomes, then the
-    sign of y; 1-3 bits."""
-    if BITS == 1:
-        magnitude = gl.zeros_like(y) + g0
-    elif BITS == 2:
-        magnitude = gl.fma(levels[2], g1 - g0, gl.zeros_like(y) + g0)
-    else:
-        magnitude = gl.fma(levels[1], gl.fma(levels[2], g3 - g2 - g1 + g0, g2 - g0), gl.fma(levels[2], g1 - g0, g0))
-    return gl.fma(_positive(y), 2.0 * magnitude, -magnitude)
 
 
 @gluon.constexpr_function
@@ -227,11 +132,16 @@ def _f16x2_code_asm(bits: int, residuals: bool = False) -> str:
 
 F16X2_CODES_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 2 + ["r"] * 16))
 F16X2_RESIDUALS_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 24))
+# [z >= 0] for a pair of float32 z (inputs $2, $3) as a register of two 1-bit codes (u = 1 in the high half), in $0
+# and $1: the sign bits, bytes 3 of z_0 and z_1 moved to bytes 0 and 2 by one prmt, then shifted to bits 0 and 16 and
+# inverted (exact for every z but -0.0, which the accumulator does not produce from a nonzero residual).
+PAIR_SIGNS = gl.constexpr("{\n.reg .b32 t;\nprmt.b32 t, $2, $3, 0x7733;\nshr.u32 t, t, 7;\nnot.b32 t, t;\n"
+                           "and.b32 $0, t, 0x00010001;\nmov.b32 $1, $0;\n}")
 
 
 @gluon.jit
 def _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS: gl.constexpr):
-    """The codes of :func:`_tree_codes` for pairs of coordinates in one register: the tree on fp16 pairs, two
+    """idx = #{k : y > t_k} for pairs of coordinates in one register: the midpoint tree on fp16 pairs, two
     coordinates per instruction, with masks instead of outcomes (:func:`_f16x2_code_lines`). ``w0`` .. ``w6``: the
     positive midpoints as int32 words of two equal fp16 halves (scalars). Returns (64, 128) int32 whose columns
     8j + 2t and 8j + 2t + 1 both hold the pair's register (:func:`_pair_registers`). The fp16 rounding of y and
@@ -251,15 +161,10 @@ def _f16x2_codes_residuals(y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, BITS: 
 
 
 @gluon.jit
-def _slots(codes, BITS: gl.constexpr):
-    """(64, 128) codes in :data:`ACC` -> (64, 4 lanes t, slots): slot k of lane t packs the codes of rotated channels
-    32t + k W .. 32t + (k + 1) W - 1 (W = 8 for b = 3, else 32 / b), channel c at bits BITS * (c mod W)."""
-    PAIRS: gl.constexpr = 4 if BITS == 3 else 16 // BITS  # accumulator column pairs (j) per slot
-    SLOTS: gl.constexpr = 16 // PAIRS
-    n = gl.arange(0, 128, layout=gl.SliceLayout(0, ACC))
-    shift = BITS * (2 * ((n >> 3) % PAIRS) + (n & 1))
-    x = gl.reshape(codes << shift[None, :], [64, SLOTS, PAIRS, 4, 2])  # n = 8 (PAIRS k + jj) + 2t + u
-    return gl.permute(gl.sum(gl.sum(x, axis=4), axis=2), [0, 2, 1])
+def _pair_signs(z):
+    """The QJL sign bits [z >= 0] of (64, 128) float32 ``z`` in :data:`ACC` as pair registers of 1-bit codes, in the
+    layout :func:`_f16x2_codes` returns (:data:`PAIR_SIGNS`), so they are stored as the codes are."""
+    return gl.inline_asm_elementwise(PAIR_SIGNS, "=r,=r,r,r", [z], dtype=gl.int32, is_pure=True, pack=2)
 
 
 @gluon.jit
@@ -311,15 +216,8 @@ def _store_slots(slots, code_words_ptr, row0, n_rows, stride_words, BITS: gl.con
 
 
 @gluon.jit
-def _store_codes(codes, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
-    """Pack (64, 128) int32 codes held in :data:`ACC` (columns in the per-code :func:`code_column_order`) into the
-    library's bit stream (:func:`_slots`, :func:`_store_slots`)."""
-    _store_slots(_slots(codes, BITS), code_words_ptr, row0, n_rows, stride_words, BITS)
-
-
-@gluon.jit
 def _store_pairs(pairs, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
-    """Pack (64, 4 lanes t, 16 pairs j) code-pair registers (:func:`_pair_registers`, columns in the ``"f16x2"``
+    """Pack (64, 4 lanes t, 16 pairs j) code-pair registers (:func:`_pair_registers`, columns in
     :func:`code_column_order`) into the library's bit stream (:func:`_words`, :func:`_store_slots`); a 3-bit group's
     high codes move from bits 16-27 down to 12-23."""
     words = _words(pairs, BITS)
@@ -347,35 +245,24 @@ def _load_rows(x_ptr, rows, cols, n_rows, stride_x):
 @gluon.jit
 def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_rows, stride_x, stride_words,
                           sketch_ptr, magnitude_ptr, sign_words_ptr, residual_norms_ptr, stride_sign_words,
-                          BITS: gl.constexpr, NEAREST: gl.constexpr, PROD: gl.constexpr, PREFETCH: gl.constexpr):
+                          BITS: gl.constexpr, PROD: gl.constexpr, PREFETCH: gl.constexpr):
     """Persistent grid over tiles of 64 rows (module docstring). ``b_ptr``: (128, 128) fp16 B = Pi^T with columns in
-    :func:`code_column_order`; ``mid_ptr``: the positive midpoints (:func:`_positive_midpoints`); ``code_words_ptr``:
-    the packed rows as int32 words (4 b per row); ``NEAREST``: ``"tree"`` (:func:`_tree_codes`), ``"fma"``
-    (:func:`_fma_codes`) or ``"f16x2"`` (:func:`_f16x2_codes`). ``PROD`` (TurboQuant_prod, Algorithm 2;
-    b = ``BITS`` + 1; ``NEAREST`` ``"fma"``: the codes and centroids from :func:`_fma_levels`, ``"f16x2"``: from
-    :func:`_f16x2_codes_residuals`): also the residual e = y - c[code] of the unit row in the rotated basis, its norm
-    (``residual_norms_ptr``; ||r|| = ||e||) and the QJL sign bits [S r >= 0] = [M e >= 0], M = S Pi^T, from a second
-    ``wgmma`` with e as the register operand and ``sketch_ptr`` = M^T (:func:`_sketch_operand`), stored from its
-    accumulator as 1-bit codes (``sign_words_ptr``, 4 words per row); ``magnitude_ptr``: the codebook's positive
-    centroids (:func:`_positive_magnitudes`). The pointers of the unused stage are never read. ``PREFETCH``: load the
+    :func:`code_column_order`; ``mid_ptr``: the positive midpoints as fp16 pairs (:func:`_positive_midpoints`);
+    ``code_words_ptr``: the packed rows as int32 words (4 b per row). ``PROD`` (TurboQuant_prod, Algorithm 2;
+    b = ``BITS`` + 1): the codes and the residual e = y - c[code] of the unit row in the rotated basis from
+    :func:`_f16x2_codes_residuals` (``magnitude_ptr``: the codebook's positive centroids as fp16 pairs,
+    :func:`_positive_magnitudes`), its norm (``residual_norms_ptr``; ||r|| = ||e||) and the QJL sign bits
+    [S r >= 0] = [M e >= 0], M = S Pi^T, from a second ``wgmma`` with e as the register operand and ``sketch_ptr`` =
+    M^T (:func:`_sketch_operand`), stored from its accumulator as 1-bit codes (:func:`_pair_signs`;
+    ``sign_words_ptr``, 4 words per row). The pointers of the unused stage are never read. ``PREFETCH``: load the
     next tile's rows into registers before computing this one (32 more registers per thread) or not (more resident
     programs within the register file)."""
-    m0, m1, m2, m3 = gl.load(mid_ptr), gl.load(mid_ptr + 1), gl.load(mid_ptr + 2), gl.load(mid_ptr + 3)
-    m4, m5, m6 = gl.load(mid_ptr + 4), gl.load(mid_ptr + 5), gl.load(mid_ptr + 6)
-    if NEAREST == "f16x2":  # the same midpoints as pairs of fp16 (entries 7-13, int32 words stored as float32)
-        w0, w1 = gl.load(mid_ptr + 7).to(gl.int32, bitcast=True), gl.load(mid_ptr + 8).to(gl.int32, bitcast=True)
-        w2, w3 = gl.load(mid_ptr + 9).to(gl.int32, bitcast=True), gl.load(mid_ptr + 10).to(gl.int32, bitcast=True)
-        w4, w5 = gl.load(mid_ptr + 11).to(gl.int32, bitcast=True), gl.load(mid_ptr + 12).to(gl.int32, bitcast=True)
-        w6 = gl.load(mid_ptr + 13).to(gl.int32, bitcast=True)
+    w0, w1, w2, w3 = gl.load(mid_ptr), gl.load(mid_ptr + 1), gl.load(mid_ptr + 2), gl.load(mid_ptr + 3)
+    w4, w5, w6 = gl.load(mid_ptr + 4), gl.load(mid_ptr + 5), gl.load(mid_ptr + 6)
     b = _shared_operand(b_ptr)
     if PROD:
-        g0, g1 = gl.load(magnitude_ptr), gl.load(magnitude_ptr + 1)
-        g2, g3 = gl.load(magnitude_ptr + 2), gl.load(magnitude_ptr + 3)
-        if NEAREST == "f16x2":  # the same as pairs of fp16 (entries 4-7)
-            v0 = gl.load(magnitude_ptr + 4).to(gl.int32, bitcast=True)
-            v1 = gl.load(magnitude_ptr + 5).to(gl.int32, bitcast=True)
-            v2 = gl.load(magnitude_ptr + 6).to(gl.int32, bitcast=True)
-            v3 = gl.load(magnitude_ptr + 7).to(gl.int32, bitcast=True)
+        v0, v1 = gl.load(magnitude_ptr), gl.load(magnitude_ptr + 1)
+        v2, v3 = gl.load(magnitude_ptr + 2), gl.load(magnitude_ptr + 3)
         sketch = _shared_operand(sketch_ptr)
     fence_async_shared()
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, TILE))
@@ -396,108 +283,80 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
         unit = gl.convert_layout((xf * inv[:, None]).to(gl.float16), OPERAND_A)
         y = warpgroup_mma(unit, b, gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
         if PROD:
-            if NEAREST == "f16x2":
-                code_registers, residual = _f16x2_codes_residuals(y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, BITS)
-            else:
-                levels = _fma_levels(gl.abs(y), m0, m1, m2, m3, m4, m5, m6, BITS)
-                codes = _fma_codes(y, levels, BITS)
-                residual = y - _fma_centroids(y, levels, g0, g1, g2, g3, BITS)
+            codes, residual = _f16x2_codes_residuals(y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, BITS)
             residual_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
             gl.store(residual_norms_ptr + residual_rows,
                      gl.sqrt(gl.sum(residual * residual, axis=1)).to(residual_norms_ptr.dtype.element_ty),
                      mask=residual_rows < n_rows)
             z = warpgroup_mma(gl.convert_layout(residual.to(gl.float16), OPERAND_A), sketch,
                               gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
-            _store_codes((z >= 0).to(gl.int32), sign_words_ptr, tile * BLOCK_M, n_rows, stride_sign_words, 1)
-        elif NEAREST == "f16x2":
-            code_registers = _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS)
-        elif NEAREST == "fma":
-            codes = _fma_codes(y, _fma_levels(gl.abs(y), m0, m1, m2, m3, m4, m5, m6, BITS), BITS)
+            _store_pairs(_pair_registers(_pair_signs(z)), sign_words_ptr, tile * BLOCK_M, n_rows,
+                         stride_sign_words, 1)
         else:
-            codes = _tree_codes(y, m0, m1, m2, m3, m4, m5, m6, BITS)
-        if NEAREST == "f16x2":
-            _store_pairs(_pair_registers(code_registers), code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
-        else:
-            _store_codes(codes, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
+            codes = _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS)
+        _store_pairs(_pair_registers(codes), code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
         if PREFETCH:
             x = x_next
 
 
+def _fp16_pairs(values: np.ndarray) -> np.ndarray:
+    """int32 words of two equal halves, each value rounded to fp16 (the operands :func:`_f16x2_code_lines` reads)."""
+    halves = values.astype(np.float16).view(np.uint16).astype(np.uint32)
+    return (halves | halves << 16).view(np.int32)
+
+
 @functools.lru_cache(maxsize=64)
 def _positive_midpoints(midpoints: bytes, device: str) -> torch.Tensor:
-    """The 2^(b-1) - 1 positive midpoints of a symmetric codebook, float32 padded to 7 entries, then the same
-    rounded to fp16 as int32 words of two equal halves (what :func:`_f16x2_codes` compares with; stored as float32
-    bits, 14 entries in all), on ``device`` (built once per codebook and device: the launch then copies nothing from
-    the host, as a CUDA-graph capture needs)."""
+    """The 2^(b-1) - 1 positive midpoints of a symmetric codebook as fp16 pairs (:func:`_fp16_pairs`), padded with
+    zeros to 7 words, on ``device`` (built once per codebook and device: the launch then copies nothing from the
+    host, as a CUDA-graph capture needs)."""
     bnd = np.frombuffer(midpoints, dtype=np.float64)
     if not np.allclose(bnd, -bnd[::-1], rtol=0, atol=1e-7) or np.any(np.diff(bnd) <= 0):
         raise ValueError("the warpgroup-MMA quantize kernel needs sorted symmetric midpoints (a Lloyd-Max codebook)")
-    padded = np.zeros(7, dtype=np.float32)
+    padded = np.zeros(7)
     positive = bnd[bnd.size // 2 + 1:]
     padded[:positive.size] = positive
-    halves = padded.astype(np.float16).view(np.uint16).astype(np.uint32)
-    words = (halves | halves << 16).view(np.float32)
-    return torch.tensor(np.concatenate([padded, words]), device=device)
-
-
-CODE_STEPS = ("tree", "fma", "f16x2")
-
-
-def default_code_step(bits: int) -> str:
-    """The code step of :func:`quantize_mse_wgmma` unless one is asked for: the saturating-FMA chain
-    (:func:`_fma_codes`) at 4 bits, where the midpoint tree's selects bind the ALU pipe, the tree at 1-3 bits, where
-    it has at most three levels (the H200 timings behind this: ``benchmarks/NOTES.md``, session 18).
-    (:func:`quantize_prod_wgmma` takes ``"fma"``: its residual needs the levels.) ``"f16x2"`` (the tree on fp16
-    pairs, about 0.6-0.8x the instructions offline) is an option until a GPU has checked and timed it
-    (``benchmarks/NOTES.md``, session 33)."""
-    return "fma" if bits == 4 else "tree"
+    return torch.tensor(_fp16_pairs(padded), device=device)
 
 
 def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
-                       norms_dtype: torch.dtype = torch.float32, nearest: str | None = None, programs_per_sm: int = 3,
+                       norms_dtype: torch.dtype = torch.float32, programs_per_sm: int = 3,
                        prefetch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes and norms of ``x`` (..., 128) float16 or bfloat16 as
     :func:`~turboquant.kernels.quantize.quantize_mse_triton` returns them (inputs checked there and by
     :func:`wgmma_quantize_unsupported`), computed by :func:`quantize_wgmma_kernel`; ``boundaries`` the codebook's
-    midpoints as float64; ``nearest``: one of :data:`CODE_STEPS` (the code step, :func:`quantize_wgmma_kernel`),
-    None for :func:`default_code_step`; ``programs_per_sm``: resident programs per SM (the register budget of each,
-    ``maxnreg``, is set so that they fit); ``prefetch``: the kernel's ``PREFETCH``."""
-    nearest = default_code_step(bits) if nearest is None else nearest
-    if nearest not in CODE_STEPS:
-        raise ValueError(f"the warpgroup-MMA quantize kernel's nearest step is one of {CODE_STEPS}, got {nearest!r}")
+    midpoints as float64; ``programs_per_sm``: resident programs per SM (the register budget of each, ``maxnreg``, is
+    set so that they fit); ``prefetch``: the kernel's ``PREFETCH``."""
     rows, lead_shape = as_rows(x)
     codes = torch.empty((rows.shape[0], packed_size(HEAD_DIM, bits)), dtype=torch.uint8, device=x.device)
     norms = torch.empty((rows.shape[0],), dtype=norms_dtype, device=x.device)
-    _launch(rows, rotation_matrix, boundaries, bits, codes, norms, None, nearest, programs_per_sm, prefetch)
+    _launch(rows, rotation_matrix, boundaries, bits, codes, norms, None, programs_per_sm, prefetch)
     return codes.reshape(*lead_shape, codes.shape[-1]), norms.reshape(lead_shape)
 
 
 def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray,
                         centroids: torch.Tensor, mse_bits: int, qjl_matrix: torch.Tensor,
-                        norms_dtype: torch.dtype = torch.float32, nearest: str | None = None,
+                        norms_dtype: torch.dtype = torch.float32,
                         programs_per_sm: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """TurboQuant_prod (Algorithm 2) of ``x`` (..., 128) float16 or bfloat16 as
     :func:`~turboquant.kernels.quantize_prod.quantize_prod_triton` returns it (codes, signs, norms, residual norms;
     inputs checked there and by :func:`wgmma_quantize_unsupported`), by :func:`quantize_wgmma_kernel` with ``PROD``:
-    ``mse_bits`` 1-3, a symmetric codebook; ``nearest``: ``"fma"`` (None: the default) or ``"f16x2"``."""
-    nearest = "fma" if nearest is None else nearest
-    if nearest not in ("fma", "f16x2"):
-        raise ValueError(f"the warpgroup-MMA prod kernel's nearest step is 'fma' or 'f16x2', got {nearest!r}")
+    ``mse_bits`` 1-3, a symmetric codebook."""
     rows, lead_shape = as_rows(x)
     n_rows = rows.shape[0]
     codes = torch.empty((n_rows, packed_size(HEAD_DIM, mse_bits)), dtype=torch.uint8, device=x.device)
     signs = torch.empty((n_rows, packed_size(HEAD_DIM, 1)), dtype=torch.uint8, device=x.device)
     norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
     residual_norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
-    prod = (_sketch_operand(rotation_matrix, qjl_matrix, mse_bits, nearest), _positive_magnitudes(centroids), signs,
+    prod = (_sketch_operand(rotation_matrix, qjl_matrix, mse_bits), _positive_magnitudes(centroids), signs,
             residual_norms)
-    _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, nearest, programs_per_sm, True)
+    _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, programs_per_sm, True)
     return (codes.reshape(*lead_shape, codes.shape[-1]), signs.reshape(*lead_shape, signs.shape[-1]),
             norms.reshape(lead_shape), residual_norms.reshape(lead_shape))
 
 
 def _launch(rows: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
-            codes: torch.Tensor, norms: torch.Tensor, prod: tuple | None, nearest: str, programs_per_sm: int,
+            codes: torch.Tensor, norms: torch.Tensor, prod: tuple | None, programs_per_sm: int,
             prefetch: bool) -> None:
     """One persistent launch of :func:`quantize_wgmma_kernel` over ``rows`` (``prod``: the sketch operand, the
     positive centroids, the sign and residual-norm outputs), ``programs_per_sm`` programs of one warpgroup resident
@@ -509,38 +368,35 @@ def _launch(rows: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.nd
     sketch, magnitudes, signs, residual_norms = prod if prod is not None else (rows, mids, codes, norms)
     n_sm = torch.cuda.get_device_properties(rows.device).multi_processor_count if rows.is_cuda else 4
     grid = (min(triton.cdiv(n_rows, BLOCK_M.value), programs_per_sm * n_sm),)
-    quantize_wgmma_kernel[grid](rows, _code_operand(rotation_matrix, bits, nearest), mids, codes.view(torch.int32),
+    quantize_wgmma_kernel[grid](rows, _code_operand(rotation_matrix, bits), mids, codes.view(torch.int32),
                                 norms, n_rows, rows.stride(0), codes.shape[1] // 4, sketch, magnitudes,
                                 signs.view(torch.int32), residual_norms, signs.shape[1] // 4, BITS=bits,
-                                NEAREST=nearest, PROD=prod is not None, PREFETCH=prefetch, num_warps=4,
+                                PROD=prod is not None, PREFETCH=prefetch, num_warps=4,
                                 maxnreg=min(255, 65536 // (128 * programs_per_sm) // 8 * 8))
 
 
-def _code_operand(rotation_matrix: torch.Tensor, bits: int, nearest: str) -> torch.Tensor:
-    """B = Pi^T (128 x 128 fp16) with columns in :func:`code_column_order` of ``bits`` and ``nearest``."""
-    order = code_column_order(bits, nearest, rotation_matrix.device)
-    return rotation_matrix.T[:, order].to(torch.float16).contiguous()
+def _code_operand(rotation_matrix: torch.Tensor, bits: int) -> torch.Tensor:
+    """B = Pi^T (128 x 128 fp16) with columns in :func:`code_column_order` of ``bits``."""
+    return rotation_matrix.T[:, code_column_order(bits, rotation_matrix.device)].to(torch.float16).contiguous()
 
 
-def _sketch_operand(rotation_matrix: torch.Tensor, qjl_matrix: torch.Tensor, mse_bits: int,
-                    nearest: str) -> torch.Tensor:
+def _sketch_operand(rotation_matrix: torch.Tensor, qjl_matrix: torch.Tensor, mse_bits: int) -> torch.Tensor:
     """The second ``wgmma``'s B: (S Pi^T)^T (128 x 128 fp16), rows (the residual's rotated channels, as the first
-    product's accumulator holds them) in :func:`code_column_order` of ``mse_bits`` and ``nearest``, columns (the sign
-    channels) in the per-code order (the signs are stored by :func:`_store_codes`)."""
-    rows = code_column_order(mse_bits, nearest, rotation_matrix.device)
-    cols = code_column_order(1, "tree", rotation_matrix.device)
+    product's accumulator holds them) in :func:`code_column_order` of ``mse_bits``, columns (the sign channels) in
+    that of 1-bit codes (the signs are stored as such, :func:`_pair_signs`)."""
+    rows = code_column_order(mse_bits, rotation_matrix.device)
+    cols = code_column_order(1, rotation_matrix.device)
     sketch = qjl_matrix.to(torch.float64) @ rotation_matrix.to(torch.float64).T
     return sketch[cols][:, rows].T.to(torch.float16).contiguous()
 
 
 def _positive_magnitudes(centroids: torch.Tensor) -> torch.Tensor:
     """The positive half g0 < g1 < ... of the symmetric codebook (2, 4 or 8 centroids) whose midpoints
-    :func:`_positive_midpoints` checked, float32 padded to 4 entries, then the same rounded to fp16 as int32 words of
-    two equal halves (what :func:`_f16x2_codes_residuals` selects from; float32 bits, 8 entries in all), made on its
-    device (no host copy)."""
+    :func:`_positive_midpoints` checked, as fp16 pairs (words of two equal halves) padded with zeros to 4 words,
+    made on its device (no host copy: a CUDA-graph capture may call it)."""
     values = centroids.detach().to(torch.float32).flatten()
     if values.numel() not in (2, 4, 8):
         raise ValueError(f"the warpgroup-MMA prod kernel reads codebooks of 2, 4 or 8 centroids, got {values.numel()}")
     padded = torch.nn.functional.pad(values[values.numel() // 2:], (0, 4 - values.numel() // 2))
     halves = padded.half().view(torch.int16).to(torch.int32) & 0xFFFF
-    return torch.cat([padded, (halves | halves << 16).view(torch.float32)])
+    return halves | halves << 16
