@@ -296,7 +296,7 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
 
 
 MMA_DECODERS = ("auto", "prmt", "lut")
-LUT_MIN_TILES = 32  # tiles per split from which "auto" takes "lut": its table is filled once per program
+LUT_MIN_TILES = 20  # tiles per split from which "auto" takes "lut": its table is filled once per program
 
 
 def resolve_mma_decoder(decoder: str, cache_format: CacheFormat, tiles_per_split: int) -> str:
