@@ -49,12 +49,10 @@ def _f32(word: int) -> np.float32:
     return np.array([word], dtype=np.uint32).view(np.float32)[0]
 
 
-def _set_f16x2(compare):
-    """``set.<compare>.u32.f16x2``: per half, 0xFFFF where ``compare(a, b)`` (unordered: false), else 0."""
-    def op(a: int, b: int) -> int:
-        true = compare(_halves(a), _halves(b))
-        return (0xFFFF if true[0] else 0) | (0xFFFF0000 if true[1] else 0)
-    return op
+def _set_gt_f16x2(a: int, b: int) -> int:
+    """``set.gt.u32.f16x2``: per half, 0xFFFF where a > b (unordered: false), else 0."""
+    gt = _halves(a) > _halves(b)
+    return (0xFFFF if gt[0] else 0) | (0xFFFF0000 if gt[1] else 0)
 
 
 _OPS = {
@@ -65,8 +63,7 @@ _OPS = {
     "not.b32": lambda a: ~a & MASK,
     "prmt.b32": _prmt, "mov.b32": lambda a: a, "mov.u32": lambda a: a, "lop3.b32": _lop3,
     "cvt.rn.f16x2.f32": lambda a, b: _pack_halves(np.float16(_f32(b)), np.float16(_f32(a))),  # a: the high half
-    "abs.f16x2": lambda a: a & 0x7FFF7FFF, "set.gt.u32.f16x2": _set_f16x2(np.greater),
-    "set.ge.u32.f16x2": _set_f16x2(np.greater_equal),
+    "abs.f16x2": lambda a: a & 0x7FFF7FFF, "set.gt.u32.f16x2": _set_gt_f16x2,
     "cvt.f32.f16": lambda a: int(np.array([_halves(a)[0]], dtype=np.float32).view(np.uint32)[0]),
     "sub.f32": lambda a, b: int(np.array([_f32(a) - _f32(b)], dtype=np.float32).view(np.uint32)[0]),
 }

@@ -144,7 +144,7 @@ def _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS: gl.constexpr):
     """idx = #{k : y > t_k} for pairs of coordinates in one register: the midpoint tree on fp16 pairs, two
     coordinates per instruction, with masks instead of outcomes (:func:`_f16x2_code_lines`). ``w0`` .. ``w6``: the
     positive midpoints as int32 words of two equal fp16 halves (scalars). Returns (64, 128) int32 whose columns
-    8j + 2t and 8j + 2t + 1 both hold the pair's register (:func:`_pair_registers`). The fp16 rounding of y and
+    8j + 2t and 8j + 2t + 1 both hold the pair's register (:func:`_store_pairs`). The fp16 rounding of y and
     of the midpoints moves a coordinate's code only within 2^-10 |y| + 2^-24 of a midpoint (a tie)."""
     return gl.inline_asm_elementwise(_f16x2_code_asm(BITS, False), F16X2_CODES_CONSTRAINTS,
                                      [y, w0, w1, w2, w3, w4, w5, w6], dtype=gl.int32, is_pure=True, pack=2)
@@ -165,14 +165,6 @@ def _pair_signs(z):
     """The QJL sign bits [z >= 0] of (64, 128) float32 ``z`` in :data:`ACC` as pair registers of 1-bit codes, in the
     layout :func:`_f16x2_codes` returns (:data:`PAIR_SIGNS`), so they are stored as the codes are."""
     return gl.inline_asm_elementwise(PAIR_SIGNS, "=r,=r,r,r", [z], dtype=gl.int32, is_pure=True, pack=2)
-
-
-@gluon.jit
-def _pair_registers(pairs):
-    """(64, 128) int32 in :data:`ACC` whose columns 8j + 2t and 8j + 2t + 1 both hold the pair's register (the
-    :func:`_f16x2_codes` step's output) -> (64, 4 lanes t, 16 pairs j), one each."""
-    lo, hi = gl.split(gl.reshape(pairs, [64, 16, 4, 2]))
-    return gl.permute(lo, [0, 2, 1])
 
 
 @gluon.jit
@@ -200,30 +192,24 @@ def _store_words(words, code_words_ptr, row0, n_rows, stride_words, first, step)
 
 
 @gluon.jit
-def _store_slots(slots, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
-    """Store (64, 4 lanes t, slots) int32 slots into the library's bit stream: lane t writes words
-    BITS t .. BITS t + BITS - 1 of each of its rows (slot k is word BITS t + k; at 3 bits the four slots are 24-bit
-    groups g0..g3, cut into words 3t, 3t + 1, 3t + 2)."""
+def _store_pairs(pairs, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
+    """Pack (64, 128) int32 pair registers in :data:`ACC` (columns 8j + 2t and 8j + 2t + 1 both hold pair j of lane t,
+    as :func:`_f16x2_codes` and :func:`_pair_signs` return them; channels in :func:`code_column_order`) into the
+    library's bit stream: the words of lane t (:func:`_words`) are words BITS t .. BITS t + BITS - 1 of each of its
+    rows; at 3 bits they are 24-bit groups g0..g3 (their high codes moved from bits 16-27 down to 12-23), cut into
+    words 3t, 3t + 1, 3t + 2."""
+    lo, _ = gl.split(gl.reshape(pairs, [64, 16, 4, 2]))  # one register per pair: (64, 16 pairs j, 4 lanes t)
+    words = _words(gl.permute(lo, [0, 2, 1]), BITS)
     if BITS == 3:
-        even, odd = gl.split(gl.reshape(slots.to(gl.uint32, bitcast=True), [64, 4, 2, 2]))
+        groups = ((words & 0xFFF) | ((words >> 4) & 0xFFF000)).to(gl.uint32, bitcast=True)
+        even, odd = gl.split(gl.reshape(groups, [64, 4, 2, 2]))
         g0, g2 = gl.split(even)
         g1, g3 = gl.split(odd)
         _store_words(g0 | (g1 << 24), code_words_ptr, row0, n_rows, stride_words, 0, 3)
         _store_words((g1 >> 8) | (g2 << 16), code_words_ptr, row0, n_rows, stride_words, 1, 3)
         _store_words((g2 >> 16) | (g3 << 8), code_words_ptr, row0, n_rows, stride_words, 2, 3)
     else:
-        _store_words(gl.reshape(slots, [64, 4 * BITS]), code_words_ptr, row0, n_rows, stride_words, 0, 1)
-
-
-@gluon.jit
-def _store_pairs(pairs, code_words_ptr, row0, n_rows, stride_words, BITS: gl.constexpr):
-    """Pack (64, 4 lanes t, 16 pairs j) code-pair registers (:func:`_pair_registers`, columns in
-    :func:`code_column_order`) into the library's bit stream (:func:`_words`, :func:`_store_slots`); a 3-bit group's
-    high codes move from bits 16-27 down to 12-23."""
-    words = _words(pairs, BITS)
-    if BITS == 3:
-        words = (words & 0xFFF) | ((words >> 4) & 0xFFF000)
-    _store_slots(words, code_words_ptr, row0, n_rows, stride_words, BITS)
+        _store_words(gl.reshape(words, [64, 4 * BITS]), code_words_ptr, row0, n_rows, stride_words, 0, 1)
 
 
 @gluon.jit
@@ -290,19 +276,20 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
                      mask=residual_rows < n_rows)
             z = warpgroup_mma(gl.convert_layout(residual.to(gl.float16), OPERAND_A), sketch,
                               gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
-            _store_pairs(_pair_registers(_pair_signs(z)), sign_words_ptr, tile * BLOCK_M, n_rows,
+            _store_pairs(_pair_signs(z), sign_words_ptr, tile * BLOCK_M, n_rows,
                          stride_sign_words, 1)
         else:
             codes = _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS)
-        _store_pairs(_pair_registers(codes), code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
+        _store_pairs(codes, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
         if PREFETCH:
             x = x_next
 
 
-def _fp16_pairs(values: np.ndarray) -> np.ndarray:
-    """int32 words of two equal halves, each value rounded to fp16 (the operands :func:`_f16x2_code_lines` reads)."""
-    halves = values.astype(np.float16).view(np.uint16).astype(np.uint32)
-    return (halves | halves << 16).view(np.int32)
+def _fp16_pairs(values: torch.Tensor) -> torch.Tensor:
+    """int32 words of two equal halves, each value rounded to fp16 (the operands :func:`_f16x2_code_lines` reads),
+    made on ``values``' device."""
+    halves = values.half().view(torch.int16).to(torch.int32) & 0xFFFF
+    return halves | halves << 16
 
 
 @functools.lru_cache(maxsize=64)
@@ -316,7 +303,7 @@ def _positive_midpoints(midpoints: bytes, device: str) -> torch.Tensor:
     padded = np.zeros(7)
     positive = bnd[bnd.size // 2 + 1:]
     padded[:positive.size] = positive
-    return torch.tensor(_fp16_pairs(padded), device=device)
+    return _fp16_pairs(torch.tensor(padded, device=device))
 
 
 def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
@@ -392,11 +379,9 @@ def _sketch_operand(rotation_matrix: torch.Tensor, qjl_matrix: torch.Tensor, mse
 
 def _positive_magnitudes(centroids: torch.Tensor) -> torch.Tensor:
     """The positive half g0 < g1 < ... of the symmetric codebook (2, 4 or 8 centroids) whose midpoints
-    :func:`_positive_midpoints` checked, as fp16 pairs (words of two equal halves) padded with zeros to 4 words,
-    made on its device (no host copy: a CUDA-graph capture may call it)."""
+    :func:`_positive_midpoints` checked, as fp16 pairs (:func:`_fp16_pairs`) padded with zeros to 4 words, made on
+    its device (no host copy: a CUDA-graph capture may call it)."""
     values = centroids.detach().to(torch.float32).flatten()
     if values.numel() not in (2, 4, 8):
         raise ValueError(f"the warpgroup-MMA prod kernel reads codebooks of 2, 4 or 8 centroids, got {values.numel()}")
-    padded = torch.nn.functional.pad(values[values.numel() // 2:], (0, 4 - values.numel() // 2))
-    halves = padded.half().view(torch.int16).to(torch.int32) & 0xFFFF
-    return halves | halves << 16
+    return _fp16_pairs(torch.nn.functional.pad(values[values.numel() // 2:], (0, 4 - values.numel() // 2)))
