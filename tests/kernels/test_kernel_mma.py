@@ -102,6 +102,59 @@ def test_three_bit_slots_are_the_groups_of_the_row() -> None:
                 assert slot & 0xFFFFFF == _row_bits(row, 3 * (16 * g + 8 * w), 24)
 
 
+def _lane_coordinates(layout, lane: int) -> list[tuple[int, int]]:
+    """(token, slot) of each register of ``lane`` in a one-warp linear layout (XOR of the bases of its set bits)."""
+    def at(bases, index):
+        point = [0, 0]
+        for bit, basis in enumerate(bases):
+            if index >> bit & 1:
+                point = [p ^ b for p, b in zip(point, basis)]
+        return point
+    lane_point = at(layout.lane_bases, lane)
+    return [tuple(p ^ q for p, q in zip(lane_point, at(layout.reg_bases, j)))
+            for j in range(1 << len(layout.reg_bases))]
+
+
+@pytest.mark.parametrize("stream,bits", [("key", 4), ("key", 3), ("value", 4), ("value", 3)])
+@pytest.mark.parametrize("block_n", [16, 32, 64])
+def test_row_loads_read_the_words_the_slot_sources_name(stream, bits, block_n) -> None:
+    """``_mma.row_loads_ptx`` run by the emulator for every lane puts into register j the word that
+    ``key_slot_source`` / ``value_slot_source`` name for the (token, slot) of register j in the kernel's layout (the
+    same formulas, here in Python): 4-bit slot s is word s, 3-bit key slot 4t + i word 3t + i (i = 3: none, 0), 3-bit
+    value slot 2g + w word 3(g >> 1) + (g & 1) + w; tokens from the live count on read 0. Rows padded beyond their
+    words (stride 20 / 16), so a stride mistaken for the row's length shows."""
+    stride = 128 * bits // 32 + 4
+    base = 0x7F00_0000_0000
+    memory = {base + 4 * (token * stride + w): 1000 * token + w + 1 for token in range(block_n) for w in range(stride)}
+    layout = (_mma.key_words_layout(block_n) if stream == "key" else _mma.value_words_layout(block_n, False))
+    program = _mma.row_loads_ptx(stream, bits, stride, block_n)
+    n = block_n // 2
+    for live in (block_n, block_n - 5, 1, 0, -3):
+        for lane in range(32):
+            out = run_ptx(program, {n: base, 2 * n: live & 0xFFFFFFFF}, lane=lane, memory=memory)
+            for j, (token, slot) in enumerate(_lane_coordinates(layout, lane)):
+                if stream == "key":
+                    word = slot if bits == 4 else 3 * (slot >> 2) + (slot & 3)
+                    read = bits == 4 or slot & 3 < 3
+                else:
+                    g = slot >> 1
+                    word = slot if bits == 4 else 3 * (g >> 1) + (g & 1) + (slot & 1)
+                    read = True
+                expected = 1000 * token + word + 1 if read and token < live else 0
+                assert out[j] == expected, (live, lane, j, token, slot)
+    with pytest.raises(ValueError, match="3 or 4 bits"):
+        _mma.row_loads_ptx("key", 2, 8, 32)
+
+
+def test_row_loads_serve_aligned_rows_only() -> None:
+    words = torch.zeros(2, 3, 10, 16, dtype=torch.int32)
+    assert _mma.row_loads_serve(words, "key", 4) and _mma.row_loads_serve(words, "value", 4)
+    odd = torch.zeros(2, 3, 10, 18, dtype=torch.int32)[..., :16]  # token stride 18 words: not 16-byte aligned
+    assert not _mma.row_loads_serve(odd, "key", 4) and _mma.row_loads_serve(odd, "value", 4)
+    shifted = torch.zeros(2 * 3 * 10 * 16 + 1, dtype=torch.int32)[1:].view(2, 3, 10, 16)  # start 4 bytes in
+    assert not _mma.row_loads_serve(shifted, "value", 4) and _mma.row_loads_serve(shifted, "key", 3)
+
+
 @pytest.mark.parametrize("dim", [64, 128])
 def test_pair_program_decodes_every_code_of_both_words(dim) -> None:
     table = _table(dim)
@@ -352,8 +405,8 @@ def test_pipeline_depth_refusal() -> None:
     from turboquant.kernels.decode_attention.mma import _meta
 
     with pytest.raises(ValueError, match="1 or 2 stages"):
-        _meta(4, 32, 3, 4, 4, "prmt")
-    assert _meta(4, 32, 2, 4, 4, "prmt")["STAGES"] == 2
+        _meta(4, 32, 3, 4, 4, "prmt", (16, 16), True)
+    assert _meta(4, 32, 2, 4, 4, "prmt", (16, 16), True)["STAGES"] == 2
 
 
 @pytest.mark.parametrize("groups", [1, 2])

@@ -49,6 +49,11 @@ def _f32(word: int) -> np.float32:
     return np.array([word], dtype=np.uint32).view(np.float32)[0]
 
 
+def _s32(word: int) -> int:
+    word &= MASK
+    return word - (1 << 32) if word >> 31 else word
+
+
 def _set_gt_f16x2(a: int, b: int) -> int:
     """``set.gt.u32.f16x2``: per half, 0xFFFF where a > b (unordered: false), else 0."""
     gt = _halves(a) > _halves(b)
@@ -60,7 +65,9 @@ _OPS = {
     "shl.b32": lambda a, b: (a << b) & MASK, "shr.u32": lambda a, b: a >> b,
     "mul.lo.u32": lambda a, b: (a * b) & MASK, "mul.hi.u32": lambda a, b: (a * b) >> 32,
     "mad.lo.u32": lambda a, b, c: (a * b + c) & MASK, "add.u32": lambda a, b: (a + b) & MASK,
-    "not.b32": lambda a: ~a & MASK,
+    "not.b32": lambda a: ~a & MASK, "sub.s32": lambda a, b: (a - b) & MASK,
+    "setp.gt.s32": lambda a, b: _s32(a) > _s32(b), "setp.lt.s32": lambda a, b: _s32(a) < _s32(b),
+    "mad.wide.u32": lambda a, b, c: ((a & MASK) * (b & MASK) + c) & (2 ** 64 - 1),
     "prmt.b32": _prmt, "mov.b32": lambda a: a, "mov.u32": lambda a: a, "lop3.b32": _lop3,
     "cvt.rn.f16x2.f32": lambda a, b: _pack_halves(np.float16(_f32(b)), np.float16(_f32(a))),  # a: the high half
     "abs.f16x2": lambda a: a & 0x7FFF7FFF, "set.gt.u32.f16x2": _set_gt_f16x2,
@@ -79,13 +86,15 @@ class SharedMemory(dict):
 
 
 def run_ptx(program: str, operands: dict[int, int], lane: int = 0, shared: SharedMemory | None = None,
-            symbols: dict[str, int] | None = None) -> dict[int, int]:
+            symbols: dict[str, int] | None = None, memory: dict[int, int] | None = None) -> dict[int, int]:
     """Execute ``program`` (``{ ... }`` blocks of the instructions in :data:`_OPS`, ``.shared`` declarations skipped)
-    with ``$i`` inputs ``operands`` as lane ``lane`` (``%laneid``) of a warp whose shared memory is ``shared`` and
-    whose shared variables are at the addresses ``symbols``; ``ld.shared.b32`` / ``st.shared.v4.b32`` move words of
-    ``shared`` (addresses ``[reg]`` or ``[reg+imm]``), ``bar.warp.sync`` does nothing (run the lanes one after the
-    other). Returns every ``$i`` written (32-bit, or 16-bit halves for ``mov.b32 {x, y}, v``)."""
-    regs: dict[str, int] = {f"${i}": v & MASK for i, v in operands.items()}
+    with ``$i`` inputs ``operands`` (unsigned up to 64-bit, or int32) as lane ``lane`` (``%laneid``) of a warp whose shared memory is
+    ``shared``, whose shared variables are at the addresses ``symbols`` and whose global memory is ``memory``;
+    ``ld.shared.b32`` / ``st.shared.v4.b32`` move words of ``shared``, ``ld.global{,.v2,.v4}.b32`` read words of
+    ``memory`` (addresses ``[reg]`` or ``[reg+imm]``, 32-bit words by byte address), an instruction guarded by
+    ``@%p`` runs where ``setp`` set ``%p``, ``bar.warp.sync`` does nothing (run the lanes one after the other).
+    Returns every ``$i`` written (32-bit, or 16-bit halves for ``mov.b32 {x, y}, v``)."""
+    regs: dict[str, int] = {f"${i}": v & MASK if v < 0 else v for i, v in operands.items()}  # negative: an int32
     regs["%laneid"] = lane
     regs.update(symbols or {})
 
@@ -100,7 +109,17 @@ def run_ptx(program: str, operands: dict[int, int], lane: int = 0, shared: Share
         line = line.strip().rstrip(";")
         if line in ("", "{", "}") or line.startswith((".reg", ".shared", "bar.warp.sync")):
             continue
+        guard = re.fullmatch(r"@(!?)(%\w+)\s+(.*)", line)
+        if guard:
+            negate, predicate, line = guard.groups()
+            if bool(regs[predicate]) == bool(negate):
+                continue
         op, rest = line.split(None, 1)
+        if op.startswith("ld.global."):
+            target, source = re.fullmatch(r"\{?([^}]*?)\}?,\s*(\[[^\]]+\])", rest).groups()
+            for i, dest in enumerate(target.split(",")):
+                regs[dest.strip()] = memory[address(source) + 4 * i]
+            continue
         if op == "st.shared.v4.b32":
             target, words = re.fullmatch(r"(\[[^\]]+\]),\s*\{(.*)\}", rest).groups()
             for i, word in enumerate(words.split(",")):

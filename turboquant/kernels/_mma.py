@@ -126,6 +126,87 @@ def value_words_layout(block_n, pairs_first):
                                       [[2, 0], [4, 0], [0, 2], [0, 4], [0, 8]], [], [], [block_n, 16])
 
 
+@gluon.constexpr_function
+def row_loads_ptx(stream: str, bits: int, stride: int, block_n: int) -> str:
+    """PTX loading the code words a lane holds of a tile of ``block_n`` tokens, in the register order of
+    :func:`key_words_layout` (``stream="key"``) or ``value_words_layout(block_n, False)`` (``"value"``): the words
+    :func:`key_slot_source` / :func:`value_slot_source` name, from one 64-bit address per lane. Operands: ``$0 ..
+    $(n - 1)`` the words (n = block_n / 2), ``$n`` the address of the tile's first token row (int64), ``$(2n)`` how
+    many of the tile's tokens are live (int32; the words of the others are 0); ``stride``: words per token row.
+
+    The lane's first word is found from ``%laneid`` (lane = 4g + t) and every other one is an immediate offset from
+    it, so a tile costs a few integer instructions and one ``setp`` per row where per-element pointers (``tokens *
+    stride``, 64-bit) cost about seven per load. The words are zeroed before the loads, which are predicated on the
+    row's token: predicated loads alone would leave ptxas registers that may be undefined, which cost 30-60
+    registers per thread (benchmarks/NOTES.md, Session 35). 4-bit rows: one 16-byte load per key row, one 8-byte
+    load per value row (the rows 16- / 8-byte aligned: :func:`row_loads_serve`); 3-bit rows: 4-byte loads (their
+    words are not 8-byte aligned), a key row's fourth slot left 0 (never read)."""
+    if stream not in ("key", "value") or bits not in (3, 4) or block_n % 16:
+        raise ValueError(f"row loads serve key or value rows of 3 or 4 bits, tiles of 16k tokens; got {stream!r}, "
+                         f"{bits} bits, {block_n} tokens")
+    n, row = block_n // 2, 4 * stride
+    words = [f"${i}" for i in range(n)]
+    lines = ["{", ".reg .u32 %lane, %t, %g, %j;", ".reg .s32 %left;", ".reg .u64 %a;", ".reg .pred %p;",
+             "mov.u32 %lane, %laneid;", "and.b32 %t, %lane, 3;", "shr.u32 %g, %lane, 2;"]
+    loads = []  # (token of the row after the lane's first, registers, byte offset from the lane's first word)
+    if stream == "key":  # register 4r + i: word (4 or 3) t + i of token g + 8r
+        lines += [f"mad.wide.u32 %a, %t, {16 if bits == 4 else 12}, ${n};", f"mad.wide.u32 %a, %g, {row}, %a;",
+                  f"sub.s32 %left, ${2 * n}, %g;"]
+        for r in range(block_n // 8):
+            regs = words[4 * r:4 * r + 4]
+            loads += ([(8 * r, regs, 8 * r * row)] if bits == 4 else
+                      [(8 * r, [regs[i]], 8 * r * row + 4 * i) for i in range(3)])
+    else:  # register w + 2p + 4r: word 2g + w (4-bit) or 3(g >> 1) + (g & 1) + w (3-bit) of token 2t + p + 8r
+        lines += ["shl.b32 %j, %g, 1;"] if bits == 4 else ["shr.u32 %j, %g, 1;", "and.b32 %g, %g, 1;",
+                                                           "mad.lo.u32 %j, %j, 3, %g;"]
+        lines += [f"mad.wide.u32 %a, %j, 4, ${n};", f"mad.wide.u32 %a, %t, {2 * row}, %a;", "shl.b32 %t, %t, 1;",
+                  f"sub.s32 %left, ${2 * n}, %t;"]
+        for r in range(block_n // 8):
+            for p in range(2):
+                token, regs, at = 8 * r + p, words[4 * r + 2 * p:4 * r + 2 * p + 2], (8 * r + p) * row
+                loads += [(token, regs, at)] if bits == 4 else [(token, [regs[w]], at + 4 * w) for w in range(2)]
+    lines += [f"mov.b32 {w}, 0;" for w in words]
+    tested = None
+    for token, regs, at in loads:  # a row is live where its token is below %left (the live count from the lane's)
+        if token != tested:
+            lines.append(f"setp.gt.s32 %p, %left, {token};")
+            tested = token
+        target = regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
+        lines.append(f"@%p ld.global{'' if len(regs) == 1 else f'.v{len(regs)}'}.b32 {target}, [%a+{at}];")
+    return "\n".join(lines + ["}"])
+
+
+def row_loads_serve(words: torch.Tensor, stream: str, bits: int) -> bool:
+    """Whether :func:`row_loads_ptx` may read these code rows (int32 words, (batch, heads, tokens, words)): its 16-byte
+    key loads and 8-byte value loads of 4-bit rows need every row start of a lane that aligned (the address and the
+    batch, head and token strides); 3-bit rows are read a word at a time."""
+    align = {("key", 4): 4, ("value", 4): 2}.get((stream, bits), 1)  # in words
+    return words.data_ptr() % (4 * align) == 0 and all(s % align == 0 for s in words.stride()[:3])
+
+
+@gluon.constexpr_function
+def load_constraints(n):
+    """The constraints of :func:`row_loads_ptx` for ``n`` outputs: the outputs, then its two inputs, each passed once
+    per packed element by ``gl.inline_asm_elementwise`` (only the first copy is read)."""
+    return ",".join(["=r"] * n + ["l"] * n + ["r"] * n)
+
+
+@gluon.jit
+def tile_words(rows, live_tokens, STREAM: gl.constexpr, BITS: gl.constexpr, STRIDE: gl.constexpr,
+               BLOCK_N: gl.constexpr):
+    """The words a ``*_slot_source`` names for a tile whose first token row starts at ``rows`` (a pointer to int32;
+    ``STRIDE`` words per token row), of which the first ``live_tokens`` are loaded (:func:`row_loads_ptx`), in
+    :func:`key_words_layout` (``STREAM == "key"``) or ``value_words_layout(BLOCK_N, False)`` (``"value"``)."""
+    if STREAM == "key":
+        layout: gl.constexpr = key_words_layout(BLOCK_N)
+    else:
+        layout: gl.constexpr = value_words_layout(BLOCK_N, False)
+    address = gl.full((BLOCK_N, 16), 0, gl.int64, layout) + rows.to(gl.int64)
+    live = gl.full((BLOCK_N, 16), 0, gl.int32, layout) + live_tokens
+    return gl.inline_asm_elementwise(row_loads_ptx(STREAM, BITS, STRIDE, BLOCK_N), load_constraints(BLOCK_N // 2),
+                                     [address, live], dtype=gl.int32, is_pure=True, pack=BLOCK_N // 2)
+
+
 @gluon.jit
 def gather_words(pointers, live):
     """The int32 words at ``pointers`` (0 where not ``live``): what a ``*_slot_source`` names, loaded into registers

@@ -135,6 +135,7 @@ def decode_attention_groups_triton(
     decoder: str = "auto",
     inner: str = "dot",
     kernel: str = "auto",
+    row_loads: bool = True,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of one new query token per sequence over a packed cache of channel groups (module docstring).
@@ -197,7 +198,7 @@ def decode_attention_groups_triton(
         from .mma import mma_split
 
         mma_split(q_mapped, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split,
-                  plan.block_n, scale * math.log2(math.e), num_stages, plan.decoder)
+                  plan.block_n, scale * math.log2(math.e), num_stages, plan.decoder, row_loads)
     else:
         _tiles_split(q_mapped, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split, scale,
                      group, plan.block_n, plan.decoder if lookup else "none", inner, num_warps, num_stages)

@@ -52,8 +52,10 @@ from .._mma import (
     decoded_values,
     fill_pair_lut,
     gather_words,
+    tile_words,
     key_slot_source,
     key_words_layout,
+    row_loads_serve,
     split_key_slot_source,
     split_value_slot_sources,
     value_slot_source,
@@ -127,13 +129,32 @@ def _load_words(sources, SPLIT: gl.constexpr):
 
 
 @gluon.jit
+def _tile_loads(k_words, v_words, k0_words, v0_words, n0, end, k_tok, k_slot, v_tok, v_slot, k_strides, v_strides,
+                k0_strides, v0_strides, BLOCK_N: gl.constexpr, KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr,
+                SPLIT: gl.constexpr, K_ROW: gl.constexpr, V_ROW: gl.constexpr, ROW_LOADS: gl.constexpr):
+    """The code words of tokens ``n0 .. n0 + BLOCK_N - 1`` (:func:`_load_words`; live below ``end``). With
+    ``ROW_LOADS`` (one channel group), by :func:`~turboquant.kernels._mma.tile_words` (``K_ROW`` / ``V_ROW``: words
+    per token row, ``k_strides[2]`` / ``v_strides[2]``)."""
+    if ROW_LOADS and not SPLIT:
+        k_loaded = tile_words(k_words + n0 * K_ROW, end - n0, "key", KEY_BITS, K_ROW, BLOCK_N)
+        v_loaded = tile_words(v_words + n0 * V_ROW, end - n0, "value", VALUE_BITS, V_ROW, BLOCK_N)
+        o_loaded = v_loaded
+    else:
+        k_loaded, v_loaded, o_loaded = _load_words(
+            _word_sources(k_words, v_words, k0_words, v0_words, n0, end, k_tok, k_slot, v_tok, v_slot, k_strides,
+                          v_strides, k0_strides, v0_strides, KEY_BITS, VALUE_BITS, SPLIT), SPLIT)
+    return k_loaded, v_loaded, o_loaded
+
+
+@gluon.jit
 def mma_split_kernel(
     q_ptr, k_words_ptr, k_norms_ptr, v_words_ptr, v_norms_ptr, k0_words_ptr, k0_norms_ptr, v0_words_ptr,
     v0_norms_ptr, value_rows_ptr, seq_lens_ptr, part_out_ptr, part_lse_ptr, k_tables, v_tables, pair_table_ptr,
     tokens_per_split, q_strides, k_strides, kn_strides, v_strides, vn_strides, k0_strides, kn0_strides, v0_strides,
     vn0_strides, part_strides, lse_strides, scale_log2,
     GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KEY_BITS: gl.constexpr,
-    VALUE_BITS: gl.constexpr, DECODER: gl.constexpr,
+    VALUE_BITS: gl.constexpr, DECODER: gl.constexpr, K_ROW: gl.constexpr, V_ROW: gl.constexpr,
+    ROW_LOADS: gl.constexpr,
 ):
     """One (batch row, KV head, split), one warp. ``q_ptr``: (batch, query heads, 128) fp16 rotated queries in
     :func:`key_channel_order`; ``k_words_ptr`` / ``v_words_ptr``: the packed code rows as int32 words, strides in
@@ -193,20 +214,20 @@ def mma_split_kernel(
         kn, vn, kn0, vn0 = _load_norms(k_norms, v_norms, k0_norms, v0_norms, start, end, s_tok, kn_strides,
                                        vn_strides, kn0_strides, vn0_strides, SPLIT)
     if STAGES == 2:
-        k_loaded, v_loaded, o_loaded = _load_words(
-            _word_sources(k_words, v_words, k0_words, v0_words, start, end, k_tok, k_slot, v_tok, v_slot, k_strides,
-                          v_strides, k0_strides, v0_strides, KEY_BITS, VALUE_BITS, SPLIT), SPLIT)
+        k_loaded, v_loaded, o_loaded = _tile_loads(
+            k_words, v_words, k0_words, v0_words, start, end, k_tok, k_slot, v_tok, v_slot, k_strides, v_strides,
+            k0_strides, v0_strides, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT, K_ROW, V_ROW, ROW_LOADS)
     for n0 in range(start, end, BLOCK_N):
         if STAGES == 1:
-            k_loaded, v_loaded, o_loaded = _load_words(
-                _word_sources(k_words, v_words, k0_words, v0_words, n0, end, k_tok, k_slot, v_tok, v_slot, k_strides,
-                              v_strides, k0_strides, v0_strides, KEY_BITS, VALUE_BITS, SPLIT), SPLIT)
+            k_loaded, v_loaded, o_loaded = _tile_loads(
+                k_words, v_words, k0_words, v0_words, n0, end, k_tok, k_slot, v_tok, v_slot, k_strides, v_strides,
+                k0_strides, v0_strides, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT, K_ROW, V_ROW, ROW_LOADS)
             kn, vn, kn0, vn0 = _load_norms(k_norms, v_norms, k0_norms, v0_norms, n0, end, s_tok, kn_strides,
                                            vn_strides, kn0_strides, vn0_strides, SPLIT)
         if STAGES == 2:  # the next tile's words, issued before this tile's arithmetic (past `end`: masked)
-            next_words = _load_words(
-                _word_sources(k_words, v_words, k0_words, v0_words, n0 + BLOCK_N, end, k_tok, k_slot, v_tok, v_slot,
-                              k_strides, v_strides, k0_strides, v0_strides, KEY_BITS, VALUE_BITS, SPLIT), SPLIT)
+            next_words = _tile_loads(
+                k_words, v_words, k0_words, v0_words, n0 + BLOCK_N, end, k_tok, k_slot, v_tok, v_slot, k_strides,
+                v_strides, k0_strides, v0_strides, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT, K_ROW, V_ROW, ROW_LOADS)
         if STAGES > 1:
             next_norms = _load_norms(k_norms, v_norms, k0_norms, v0_norms, n0 + BLOCK_N, end, s_tok, kn_strides,
                                      vn_strides, kn0_strides, vn0_strides, SPLIT)
@@ -277,7 +298,8 @@ def _stream_args(groups: Sequence[QuantizedVectors]) -> tuple:
 
 def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors],
               seq_lens: torch.Tensor, cache_format: CacheFormat, part_out: torch.Tensor, part_lse: torch.Tensor,
-              tokens_per_split: int, block_n: int, scale_log2: float, stages: int, decoder: str) -> None:
+              tokens_per_split: int, block_n: int, scale_log2: float, stages: int, decoder: str,
+              row_loads: bool = True) -> None:
     """Launch :func:`mma_split_kernel` over ``part_out`` (batch, query heads, splits, 128) / ``part_lse``.
     ``q_rot``: (batch, query heads, 128) fp16 rotated queries in the key order
     (:attr:`CacheFormat.mma_query_map`); ``keys`` / ``values``: each stream's channel groups (outliers first);
@@ -286,12 +308,15 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
     n_kv_heads, num_splits = keys[0].codes.shape[1], part_out.shape[2]
     (k, kn, k0, kn0), k_strides = _stream_args(keys)
     (v, vn, v0, vn0), v_strides = _stream_args(values)
+    key_bits, value_bits = cache_format.mma_bits
+    row_loads = row_loads and row_loads_serve(k, "key", key_bits) and row_loads_serve(v, "value", value_bits)
     mma_split_kernel[(batch, n_kv_heads, num_splits)](
         q_rot, k, kn, v, vn, k0, kn0, v0, vn0, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
         *cache_format.mma_tables, cache_format.mma_pair_table if decoder == "lut" else seq_lens, tokens_per_split,
         q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0], v_strides[1], k_strides[2], k_strides[3],
         v_strides[2], v_strides[3], part_out.stride()[:3], part_lse.stride()[:2], scale_log2,
-        **_meta(n_heads // n_kv_heads, block_n, stages, *cache_format.mma_bits, decoder),
+        **_meta(n_heads // n_kv_heads, block_n, stages, *cache_format.mma_bits, decoder,
+                (k_strides[0][2], v_strides[0][2]), row_loads),
     )
 
 
@@ -317,12 +342,14 @@ def resolve_mma_decoder(decoder: str, cache_format: CacheFormat, tiles_per_split
     return decoder
 
 
-def _meta(group: int, block_n: int, stages: int, key_bits: int, value_bits: int, decoder: str) -> dict:
+def _meta(group: int, block_n: int, stages: int, key_bits: int, value_bits: int, decoder: str, rows: tuple[int, int],
+          row_loads: bool) -> dict:
     if stages not in (1, 2):
         raise ValueError(f"the register-operand kernel pipelines 1 or 2 stages through registers; got "
                          f"num_stages={stages}")
     return dict(GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, STAGES=stages, KEY_BITS=key_bits,
-                VALUE_BITS=value_bits, DECODER=decoder, num_warps=1)
+                VALUE_BITS=value_bits, DECODER=decoder, K_ROW=rows[0], V_ROW=rows[1], ROW_LOADS=row_loads,
+                num_warps=1)
 
 
 MAX_BLOCKS_PER_SM = 32  # resident thread blocks per SM on sm_80 - sm_90
@@ -345,7 +372,7 @@ def resident_programs(device_index: int, group: int, block_n: int, stages: int, 
         compiled = mma_split_kernel.warmup(
             f16, i32, f16, i32, f16, i32, f16, i32, f16, i32, i32, f32, f32, tables, tables, i32, 1024,
             (4096, 128), words, norms, words, norms, words, norms, words, norms, words, (4096, 64), 1.0, grid=(1,),
-            **_meta(group, block_n, stages, *bits, decoder))
+            **_meta(group, block_n, stages, *bits, decoder, (words[2], words[2]), True))
         compiled._init_handles()  # loads the binary, which is when Triton reads its register count
     props = torch.cuda.get_device_properties(device_index)
     registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
