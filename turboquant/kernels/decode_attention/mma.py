@@ -235,12 +235,13 @@ def mma_split_kernel(
         live = n0 + s_tok < end
         if SPLIT:
             keys, outlier_keys = decoded_split_keys(kw, k_tables, BLOCK_N)
-            s = (mma_v2(keys, q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn[:, None]
-                 + mma_v2(outlier_keys, q0_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn0[:, None])
+            s = (mma_v2(keys, q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * (kn * scale_log2)[:, None]
+                 + mma_v2(outlier_keys, q0_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA))
+                 * (kn0 * scale_log2)[:, None])
         else:
             keys = decoded_keys(kw, k_tables, BLOCK_N, KEY_BITS, DECODER)
-            s = mma_v2(keys, q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * kn[:, None]
-        s = gl.where(live[:, None], s * scale_log2, float("-inf"))
+            s = mma_v2(keys, q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * (kn * scale_log2)[:, None]
+        s = gl.where(live[:, None], s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[None, :])
