@@ -177,11 +177,11 @@ def row_loads_ptx(stream: str, bits: int, stride: int, block_n: int) -> str:
 
 
 def row_loads_serve(words: torch.Tensor, stream: str, bits: int) -> bool:
-    """Whether :func:`row_loads_ptx` may read these code rows (int32 words, (batch, heads, tokens, words)): its 16-byte
-    key loads and 8-byte value loads of 4-bit rows need every row start of a lane that aligned (the address and the
-    batch, head and token strides); 3-bit rows are read a word at a time."""
+    """Whether :func:`row_loads_ptx` may read these code rows (int32 words, (..., tokens, words)): its 16-byte key
+    loads and 8-byte value loads of 4-bit rows need every row start of a lane that aligned (the address and every
+    stride but the words'); 3-bit rows are read a word at a time."""
     align = {("key", 4): 4, ("value", 4): 2}.get((stream, bits), 1)  # in words
-    return words.data_ptr() % (4 * align) == 0 and all(s % align == 0 for s in words.stride()[:3])
+    return words.data_ptr() % (4 * align) == 0 and all(s % align == 0 for s in words.stride()[:-1])
 
 
 @gluon.constexpr_function
