@@ -52,12 +52,12 @@ from .._mma import (
     decoded_values,
     fill_pair_lut,
     gather_words,
-    tile_words,
     key_slot_source,
     key_words_layout,
     row_loads_serve,
     split_key_slot_source,
     split_value_slot_sources,
+    tile_words,
     value_slot_source,
     value_words_layout,
 )
