@@ -135,7 +135,6 @@ def decode_attention_groups_triton(
     decoder: str = "auto",
     inner: str = "dot",
     kernel: str = "auto",
-    row_loads: bool = True,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of one new query token per sequence over a packed cache of channel groups (module docstring).
@@ -173,10 +172,6 @@ def decode_attention_groups_triton(
             :func:`.mma.default_mma_splits`) or ``"auto"``: ``"mma"`` where it serves, else ``"tiles"``
             (``turboquant.backends.decode_kernel``); ``"tiles"`` as well when ``decoder``, ``inner`` or ``lookup`` is
             not its default.
-        row_loads: the register-operand kernel loads a tile's code words by one inline-PTX block per lane from one
-            address (``turboquant.kernels._mma.row_loads_ptx``: immediate offsets, no per-load address arithmetic)
-            where the rows are aligned for it (``_mma.row_loads_serve``) and a stream has one channel group; False:
-            per-element pointers (the benchmark's comparison).
         return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
             (batch, query_heads), ``-inf`` for a row without tokens: what an exact merge with attention over
             other tokens needs (``o = sum_i exp(lse_i - lse) o_i``, ``lse = log sum_i exp(lse_i)``).
@@ -202,7 +197,7 @@ def decode_attention_groups_triton(
         from .mma import mma_split
 
         mma_split(q_mapped, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split,
-                  plan.block_n, scale * math.log2(math.e), num_stages, plan.decoder, row_loads)
+                  plan.block_n, scale * math.log2(math.e), num_stages, plan.decoder)
     else:
         _tiles_split(q_mapped, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split, scale,
                      group, plan.block_n, plan.decoder if lookup else "none", inner, num_warps, num_stages)

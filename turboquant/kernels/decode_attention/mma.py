@@ -132,9 +132,9 @@ def _load_words(sources, SPLIT: gl.constexpr):
 def _tile_loads(k_words, v_words, k0_words, v0_words, n0, end, k_tok, k_slot, v_tok, v_slot, k_strides, v_strides,
                 k0_strides, v0_strides, BLOCK_N: gl.constexpr, KEY_BITS: gl.constexpr, VALUE_BITS: gl.constexpr,
                 SPLIT: gl.constexpr, K_ROW: gl.constexpr, V_ROW: gl.constexpr, ROW_LOADS: gl.constexpr):
-    """The code words of tokens ``n0 .. n0 + BLOCK_N - 1`` (:func:`_load_words`; live below ``end``). With
-    ``ROW_LOADS`` (one channel group), by :func:`~turboquant.kernels._mma.tile_words` (``K_ROW`` / ``V_ROW``: words
-    per token row, ``k_strides[2]`` / ``v_strides[2]``)."""
+    """The code words of tokens ``n0 .. n0 + BLOCK_N - 1`` (live below ``end``): by
+    :func:`~turboquant.kernels._mma.tile_words` with ``ROW_LOADS`` (:func:`mma_split_kernel`), else
+    :func:`_load_words`."""
     if ROW_LOADS and not SPLIT:
         k_loaded = tile_words(k_words + n0 * K_ROW, end - n0, "key", KEY_BITS, K_ROW, BLOCK_N)
         v_loaded = tile_words(v_words + n0 * V_ROW, end - n0, "value", VALUE_BITS, V_ROW, BLOCK_N)
@@ -168,7 +168,10 @@ def mma_split_kernel(
     loads issued before this tile is decoded (a register double buffer). ``DECODER``: ``"prmt"``, byte-permute
     lookups in registers (``*_tables``), or ``"lut"`` (4-bit keys and values of one codebook): two codes per load from
     shared-memory copies of ``pair_table_ptr`` (``_decode.pair_lut_table``, 256 int32; unread by ``"prmt"``), a copy
-    per two lanes so that at most two lanes' lookups share a bank."""
+    per two lanes so that at most two lanes' lookups share a bank. ``ROW_LOADS`` (one channel group per stream, rows
+    aligned for it: :func:`~turboquant.kernels._mma.row_loads_serve`): a tile's code words are loaded by
+    :func:`~turboquant.kernels._mma.tile_words`, one address per lane and immediate offsets (``K_ROW`` / ``V_ROW``,
+    the words per token row, ``k_strides[2]`` / ``v_strides[2]``), else through per-element pointers."""
     SPLIT: gl.constexpr = KEY_BITS == SPLIT_43
     b = gl.program_id(0).to(gl.int64)
     kv_head = gl.program_id(1)
@@ -299,8 +302,7 @@ def _stream_args(groups: Sequence[QuantizedVectors]) -> tuple:
 
 def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors],
               seq_lens: torch.Tensor, cache_format: CacheFormat, part_out: torch.Tensor, part_lse: torch.Tensor,
-              tokens_per_split: int, block_n: int, scale_log2: float, stages: int, decoder: str,
-              row_loads: bool = True) -> None:
+              tokens_per_split: int, block_n: int, scale_log2: float, stages: int, decoder: str) -> None:
     """Launch :func:`mma_split_kernel` over ``part_out`` (batch, query heads, splits, 128) / ``part_lse``.
     ``q_rot``: (batch, query heads, 128) fp16 rotated queries in the key order
     (:attr:`CacheFormat.mma_query_map`); ``keys`` / ``values``: each stream's channel groups (outliers first);
@@ -310,7 +312,7 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
     (k, kn, k0, kn0), k_strides = _stream_args(keys)
     (v, vn, v0, vn0), v_strides = _stream_args(values)
     key_bits, value_bits = cache_format.mma_bits
-    row_loads = row_loads and row_loads_serve(k, "key", key_bits) and row_loads_serve(v, "value", value_bits)
+    row_loads = row_loads_serve(k, "key", key_bits) and row_loads_serve(v, "value", value_bits)
     mma_split_kernel[(batch, n_kv_heads, num_splits)](
         q_rot, k, kn, v, vn, k0, kn0, v0, vn0, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
         *cache_format.mma_tables, cache_format.mma_pair_table if decoder == "lut" else seq_lens, tokens_per_split,
