@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call of the kernel benchmarks (results/kernels/README.md), everything it returns under $OUT:
 #   bash scripts/h200_kernels.sh SET [PYTEST_SELECTION...]
-# SET: a configs/kernels_set/ name (e.g. session34, the issue's run). First the GPU kernel tests (default: the Gluon
+# SET: a configs/kernels_set/ name (e.g. session35, the issue's run). First the GPU kernel tests (default: the Gluon
 # kernels' suites and the static store's CUDA-graph tests, not its CPU tests, whose cache= keyword the image's
 # transformers 5.17 lacks; or the pytest arguments given), then `python3 run.py experiment=kernels +kernels_set=SET`,
 # each under a budget (TEST_SECONDS, RUN_SECONDS) so that a hang still returns what finished. Wheels (hydra-core,
