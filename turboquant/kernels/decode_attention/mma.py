@@ -319,7 +319,7 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
         q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0], v_strides[1], k_strides[2], k_strides[3],
         v_strides[2], v_strides[3], part_out.stride()[:3], part_lse.stride()[:2], scale_log2,
         **_meta(n_heads // n_kv_heads, block_n, stages, *cache_format.mma_bits, decoder,
-                (k_strides[0][2], v_strides[0][2]), row_loads),
+                (k_strides[0][2], v_strides[0][2]) if row_loads else (0, 0), row_loads),
     )
 
 
