@@ -405,8 +405,8 @@ def test_pipeline_depth_refusal() -> None:
     from turboquant.kernels.decode_attention.mma import _meta
 
     with pytest.raises(ValueError, match="1 or 2 stages"):
-        _meta(4, 32, 3, 4, 4, "prmt", (16, 16), True)
-    assert _meta(4, 32, 2, 4, 4, "prmt", (16, 16), True)["STAGES"] == 2
+        _meta(4, 32, 3, 4, 4, "prmt", (16, 16))
+    assert _meta(4, 32, 2, 4, 4, "prmt", (16, 16))["STAGES"] == 2
 
 
 @pytest.mark.parametrize("groups", [1, 2])

@@ -88,8 +88,9 @@ class SharedMemory(dict):
 def run_ptx(program: str, operands: dict[int, int], lane: int = 0, shared: SharedMemory | None = None,
             symbols: dict[str, int] | None = None, memory: dict[int, int] | None = None) -> dict[int, int]:
     """Execute ``program`` (``{ ... }`` blocks of the instructions in :data:`_OPS`, ``.shared`` declarations skipped)
-    with ``$i`` inputs ``operands`` (unsigned up to 64-bit, or int32) as lane ``lane`` (``%laneid``) of a warp whose shared memory is
-    ``shared``, whose shared variables are at the addresses ``symbols`` and whose global memory is ``memory``;
+    with ``$i`` inputs ``operands`` (unsigned up to 64-bit, or int32) as lane ``lane`` (``%laneid``) of a warp whose
+    shared memory is ``shared``, whose shared variables are at the addresses ``symbols`` and whose global memory is
+    ``memory``;
     ``ld.shared.b32`` / ``st.shared.v4.b32`` move words of ``shared``, ``ld.global{,.v2,.v4}.b32`` read words of
     ``memory`` (addresses ``[reg]`` or ``[reg+imm]``, 32-bit words by byte address), an instruction guarded by
     ``@%p`` runs where ``setp`` set ``%p``, ``bar.warp.sync`` does nothing (run the lanes one after the other).

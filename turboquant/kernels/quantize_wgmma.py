@@ -276,8 +276,7 @@ def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_ro
                      mask=residual_rows < n_rows)
             z = warpgroup_mma(gl.convert_layout(residual.to(gl.float16), OPERAND_A), sketch,
                               gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
-            _store_pairs(_pair_signs(z), sign_words_ptr, tile * BLOCK_M, n_rows,
-                         stride_sign_words, 1)
+            _store_pairs(_pair_signs(z), sign_words_ptr, tile * BLOCK_M, n_rows, stride_sign_words, 1)
         else:
             codes = _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS)
         _store_pairs(codes, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)

@@ -312,14 +312,14 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
     (k, kn, k0, kn0), k_strides = _stream_args(keys)
     (v, vn, v0, vn0), v_strides = _stream_args(values)
     key_bits, value_bits = cache_format.mma_bits
-    row_loads = row_loads_serve(k, "key", key_bits) and row_loads_serve(v, "value", value_bits)
+    rows_serve = row_loads_serve(k, "key", key_bits) and row_loads_serve(v, "value", value_bits)
+    rows = (k_strides[0][2], v_strides[0][2]) if rows_serve else None
     mma_split_kernel[(batch, n_kv_heads, num_splits)](
         q_rot, k, kn, v, vn, k0, kn0, v0, vn0, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
         *cache_format.mma_tables, cache_format.mma_pair_table if decoder == "lut" else seq_lens, tokens_per_split,
         q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0], v_strides[1], k_strides[2], k_strides[3],
         v_strides[2], v_strides[3], part_out.stride()[:3], part_lse.stride()[:2], scale_log2,
-        **_meta(n_heads // n_kv_heads, block_n, stages, *cache_format.mma_bits, decoder,
-                (k_strides[0][2], v_strides[0][2]) if row_loads else (0, 0), row_loads),
+        **_meta(n_heads // n_kv_heads, block_n, stages, key_bits, value_bits, decoder, rows),
     )
 
 
@@ -345,13 +345,16 @@ def resolve_mma_decoder(decoder: str, cache_format: CacheFormat, tiles_per_split
     return decoder
 
 
-def _meta(group: int, block_n: int, stages: int, key_bits: int, value_bits: int, decoder: str, rows: tuple[int, int],
-          row_loads: bool) -> dict:
+def _meta(group: int, block_n: int, stages: int, key_bits: int, value_bits: int, decoder: str,
+          rows: tuple[int, int] | None) -> dict:
+    """The kernel's compile-time arguments; ``rows``: the key and value words per token row where the row loads serve
+    (``ROW_LOADS``), None where they do not (``K_ROW`` / ``V_ROW`` then 0, unread: one compile whatever the strides)."""
     if stages not in (1, 2):
         raise ValueError(f"the register-operand kernel pipelines 1 or 2 stages through registers; got "
                          f"num_stages={stages}")
+    key_row, value_row = rows or (0, 0)
     return dict(GROUP=group, HEADS=8 if group <= 8 else 16, BLOCK_N=block_n, STAGES=stages, KEY_BITS=key_bits,
-                VALUE_BITS=value_bits, DECODER=decoder, K_ROW=rows[0], V_ROW=rows[1], ROW_LOADS=row_loads,
+                VALUE_BITS=value_bits, DECODER=decoder, K_ROW=key_row, V_ROW=value_row, ROW_LOADS=rows is not None,
                 num_warps=1)
 
 
@@ -375,7 +378,7 @@ def resident_programs(device_index: int, group: int, block_n: int, stages: int, 
         compiled = mma_split_kernel.warmup(
             f16, i32, f16, i32, f16, i32, f16, i32, f16, i32, i32, f32, f32, tables, tables, i32, 1024,
             (4096, 128), words, norms, words, norms, words, norms, words, norms, words, (4096, 64), 1.0, grid=(1,),
-            **_meta(group, block_n, stages, *bits, decoder, (words[2], words[2]), True))
+            **_meta(group, block_n, stages, *bits, decoder, (words[2], words[2])))
         compiled._init_handles()  # loads the binary, which is when Triton reads its register count
     props = torch.cuda.get_device_properties(device_index)
     registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
