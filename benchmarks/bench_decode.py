@@ -137,20 +137,20 @@ def bench_decode(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Ro
             factor, graph = kw.pop("split_factor", 1), kw.pop("graph", False)
             options = {k: v for k, v in kw.items() if k in ("kernel", "decoder", "inner", "lookup", "block_n",
                                                            "num_stages", "num_splits")}
-            plan = split_plan(cache_format, bsz, HEADS_Q, HEADS_KV, ctx, device, **options)  # what the timed call runs
-            if factor != 1:  # a multiple of that kernel's default split count
-                kw["num_splits"] = options["num_splits"] = max(1, round(factor * plan.num_splits))
-                plan = split_plan(cache_format, bsz, HEADS_Q, HEADS_KV, ctx, device, **options)
-            # the kernel and decoder that "auto" chose for the timed shape, pinned, so that the check (fewer rows and
-            # tokens, where "auto" may choose otherwise) runs what is timed
-            kw.update(kernel=plan.kernel, decoder=plan.decoder)
             label = f"K{k_bits}V{v_bits} {name}"
-            try:
+            try:  # a plan the cache refuses (a decoder for other widths), a failed check, compile or launch: recorded
+                plan = split_plan(cache_format, bsz, HEADS_Q, HEADS_KV, ctx, device, **options)  # what is timed
+                if factor != 1:  # a multiple of that kernel's default split count
+                    kw["num_splits"] = options["num_splits"] = max(1, round(factor * plan.num_splits))
+                    plan = split_plan(cache_format, bsz, HEADS_Q, HEADS_KV, ctx, device, **options)
+                # the kernel and decoder that "auto" chose for the timed shape, pinned, so that the check (fewer rows
+                # and tokens, where "auto" may choose otherwise) runs what is timed
+                kw.update(kernel=plan.kernel, decoder=plan.decoder)
                 err = rel_err(decode_attention_groups_triton(*check_args, **check_perms, **kw), ref)
                 if kw.get("lookup", True) and not err < 1e-2:
                     raise AssertionError(f"rel err {err} against the float64 reference")
                 t = bench.timer(partial(timed, **kw), graph=graph)
-            except Exception as exc:  # a failed check, compile or launch: recorded, the run goes on
+            except Exception as exc:  # the run goes on
                 rows.append(failed_row("decode", label, size, exc))
                 continue
             rows.append(Row("decode", label, size, t, moved, bench.floor_us(moved),

@@ -157,10 +157,11 @@ def _session5_calls(ops: list[str]):
                                         torch.tensor([64], dtype=torch.int32), k_centroids=cb, v_centroids=cb,
                                         k_bits=4, v_bits=4, rotation=rot, num_splits=1, block_n=block_n,
                                         num_stages=stages, kernel="mma")
-            label["now"] = "decode K4V4 mma bn32 prefetch lut"  # two codes per load from a shared-memory table
-            decode_attention_triton(torch.randn(1, 32, dim, generator=gen), codes, norms, codes, norms,
-                                    torch.tensor([64], dtype=torch.int32), k_centroids=cb, v_centroids=cb, k_bits=4,
-                                    v_bits=4, rotation=rot, num_splits=1, kernel="mma", decoder="lut")
+            for decoder in ("lut", "lut-keys", "lut-values"):  # two codes per load from a shared-memory table
+                label["now"] = f"decode K4V4 mma bn32 prefetch {decoder}"
+                decode_attention_triton(torch.randn(1, 32, dim, generator=gen), codes, norms, codes, norms,
+                                        torch.tensor([64], dtype=torch.int32), k_centroids=cb, v_centroids=cb,
+                                        k_bits=4, v_bits=4, rotation=rot, num_splits=1, kernel="mma", decoder=decoder)
             label["now"] = "scores b=4 mma"
             mse_scores_triton(torch.randn(8, 4, dim, generator=gen), codes[0], norms[0], cb, 4, kernel="mma")
             cb3 = tq.lloyd_max_codebook(dim, 3).centroids_tensor()

@@ -212,14 +212,16 @@ def test_lut_serves_4_bit_streams_of_one_codebook_and_auto_takes_it_for_long_spl
                                    for bits, seed in ((key_bits, 0), (value_bits, value_seed))], "cpu")
     four = cache(4, 4, value_seed=5)  # another rotation, the same codebook
     assert resolve_mma_decoder("lut", four, 1) == "lut"
+    assert resolve_mma_decoder("lut-keys", four, 1) == "lut-keys" and resolve_mma_decoder("lut-values", four, 1)
     assert torch.equal(four.mma_pair_table, pair_lut_table(tq.lloyd_max_codebook(128, 4).centroids_tensor()))
     assert resolve_mma_decoder("auto", four, LUT_MIN_TILES) == "lut"
     assert resolve_mma_decoder("auto", four, LUT_MIN_TILES - 1) == "prmt"  # too few tiles to repay the fill
     assert resolve_mma_decoder("prmt", four, 10 * LUT_MIN_TILES) == "prmt"
     for key_bits, value_bits in ((3, 3), (4, 3)):
         assert resolve_mma_decoder("auto", cache(key_bits, value_bits), 10 * LUT_MIN_TILES) == "prmt"
-        with pytest.raises(ValueError, match="4-bit keys and values of one channel group"):
-            resolve_mma_decoder("lut", cache(key_bits, value_bits), 1)
+        for decoder in ("lut", "lut-keys", "lut-values"):
+            with pytest.raises(ValueError, match="4-bit keys and values of one channel group"):
+                resolve_mma_decoder(decoder, cache(key_bits, value_bits), 1)
     with pytest.raises(ValueError, match="decoder must be one of"):
         resolve_mma_decoder("table", four, 1)
     with pytest.raises(ValueError, match="4-bit codebooks"):
@@ -438,17 +440,18 @@ def test_offline_compile_for_sm90_keeps_operands_in_registers() -> None:
     keys = [k.strip() for k in header.strip("|").split("|")]
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
             if "mma_split_kernel" in line or "mma_scores_kernel" in line]
-    assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 5 + ["mma_scores_kernel"]  # 4-bit variants
+    assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 7 + ["mma_scores_kernel"]  # 4-bit variants
                                                + ["mma_split_kernel"] * 2 + ["mma_scores_kernel"]  # K3V3, K4V3, b=3
                                                + ["mma_split_kernel"])  # the 3.5-bit split
     for row in rows:
         assert int(row["HMMA"]) > 0 and int(row["loop"]) > 0, row
         slices = 5 if "split" in row["launch"] else 4
-        lut = row["launch"].endswith(" lut")  # 16-byte stores of 4 table copies before the loop, 8 loads / 16 codes
-        assert int(row["LDSM"]) <= slices and int(row["STS"]) <= 2 * slices + 2 * PAIR_LUT_COPIES * lut, row
-        assert row["stack"] == "0" and row["loop shared"] == ("128" if lut else "0"), row
-        if lut:  # the loop's only shared-memory accesses are the lookups, one per two codes: none is the decoded tile
-            assert int(row["LDS"]) == 128 and int(row["PRMT"]) < 200, row
+        # 16-byte stores of 4 table copies before the loop, 8 loads / 16 codes of each stream the table decodes
+        lut_streams = {"lut": 2, "lut-keys": 1, "lut-values": 1}.get(row["launch"].split()[-1], 0)
+        assert int(row["LDSM"]) <= slices and int(row["STS"]) <= 2 * slices + 2 * PAIR_LUT_COPIES * (lut_streams > 0)
+        assert row["stack"] == "0" and row["loop shared"] == str(64 * lut_streams), row
+        if lut_streams:  # the loop's only shared-memory accesses are the lookups, one per two codes: no decoded tile
+            assert int(row["LDS"]) == 64 * lut_streams and int(row["PRMT"]) < 200 + 180 * (2 - lut_streams), row
         if "bn32 prefetch" in row["launch"] and "split" not in row["launch"]:
             # one-group streams load their code words by _mma.row_loads_ptx: 12 one-warp programs per SM stay resident
             # (words left undefined past the live tokens cost ptxas 193-227 registers) and the loop has no per-load
@@ -485,7 +488,7 @@ def test_mma_kernel_matches_reference_on_gpu(batch, tokens, group, key_bits, val
     perms = {name: torch.rand(batch, 2, 128, device="cuda", generator=gen).argsort(dim=-1)
              for name in ("key_permutation", "value_permutation")} if key_bits == "split" else {}
     ref = decode_attention_groups_reference(q, keys, values, seq_lens, cache_format, **perms)
-    decoders = ("prmt", "lut") if (key_bits, value_bits) == (4, 4) else ("prmt",)
+    decoders = ("prmt", "lut", "lut-keys", "lut-values") if (key_bits, value_bits) == (4, 4) else ("prmt",)
     for (splits, block_n, stages), decoder in itertools.product(((1, 32, 2), (3, 32, 1), (2, 16, 2), (1, 64, 1)),
                                                                 decoders):
         out = decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, kernel="mma", num_splits=splits,

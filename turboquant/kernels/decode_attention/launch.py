@@ -58,9 +58,9 @@ def split_plan(cache_format: CacheFormat, batch: int, n_heads: int, n_kv_heads: 
     """The :class:`SplitPlan` of :func:`decode_attention_groups_triton` for these options (its docstring; None /
     ``"auto"`` take the defaults): ``kernel="auto"`` is ``"mma"`` where it serves the cache
     (:meth:`CacheFormat.mma_unsupported`, ``turboquant.backends.decode_kernel``) unless the tile kernel's own
-    options (``decoder`` other than ``"lut"``, ``inner``, ``lookup``) were asked for; ``decoder="lut"`` is the
-    register-operand kernel's alone."""
-    if kernel == "auto" and decoder == "lut":
+    options (``decoder`` other than the ``"lut"`` ones, ``inner``, ``lookup``) were asked for; ``decoder="lut"``,
+    ``"lut-keys"`` and ``"lut-values"`` are the register-operand kernel's alone."""
+    if kernel == "auto" and decoder.startswith("lut"):
         kernel = "mma"
     if kernel == "auto" and (decoder != "auto" or inner != "dot" or not lookup):
         kernel = "tiles"

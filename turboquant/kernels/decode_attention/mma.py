@@ -177,7 +177,9 @@ def mma_split_kernel(
     kv_head = gl.program_id(1)
     split = gl.program_id(2)
     seq_len = gl.load(seq_lens_ptr + b)
-    if DECODER == "lut":
+    K_DECODER: gl.constexpr = stream_decoder(DECODER, "key")
+    V_DECODER: gl.constexpr = stream_decoder(DECODER, "value")
+    if K_DECODER == "lut" or V_DECODER == "lut":
         fill_pair_lut(pair_table_ptr)
     start = split * tokens_per_split
     end = gl.minimum(start + tokens_per_split, seq_len)
@@ -242,7 +244,7 @@ def mma_split_kernel(
                  + mma_v2(outlier_keys, q0_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA))
                  * (kn0 * scale_log2)[:, None])
         else:
-            keys = decoded_keys(kw, k_tables, BLOCK_N, KEY_BITS, DECODER)
+            keys = decoded_keys(kw, k_tables, BLOCK_N, KEY_BITS, K_DECODER)
             s = mma_v2(keys, q_t, gl.zeros((BLOCK_N, HEADS), gl.float32, layout=MMA)) * (kn * scale_log2)[:, None]
         s = gl.where(live[:, None], s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
@@ -256,7 +258,7 @@ def mma_split_kernel(
             p0_t = gl.convert_layout((p * vn0[:, None]).to(gl.float16), OPERAND_B)
             acc0 = mma_v2(top, p0_t, acc0 * alpha[None, :])
         else:
-            acc = mma_v2(decoded_values(vw, v_tables, BLOCK_N, VALUE_BITS, DECODER), p_t, acc * alpha[None, :])
+            acc = mma_v2(decoded_values(vw, v_tables, BLOCK_N, VALUE_BITS, V_DECODER), p_t, acc * alpha[None, :])
         m_i = m_new
         if STAGES == 2:
             k_loaded, v_loaded, o_loaded = next_words
@@ -316,14 +318,23 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
     rows = (k_strides[0][2], v_strides[0][2]) if rows_serve else None
     mma_split_kernel[(batch, n_kv_heads, num_splits)](
         q_rot, k, kn, v, vn, k0, kn0, v0, vn0, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
-        *cache_format.mma_tables, cache_format.mma_pair_table if decoder == "lut" else seq_lens, tokens_per_split,
+        *cache_format.mma_tables, cache_format.mma_pair_table if decoder.startswith("lut") else seq_lens, tokens_per_split,
         q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0], v_strides[1], k_strides[2], k_strides[3],
         v_strides[2], v_strides[3], part_out.stride()[:3], part_lse.stride()[:2], scale_log2,
         **_meta(n_heads // n_kv_heads, block_n, stages, key_bits, value_bits, decoder, rows),
     )
 
 
-MMA_DECODERS = ("auto", "prmt", "lut")
+MMA_DECODERS = ("auto", "prmt", "lut", "lut-keys", "lut-values")
+
+
+@gluon.constexpr_function
+def stream_decoder(decoder: str, stream: str) -> str:
+    """The decoder of one stream (``"key"`` or ``"value"``) under the kernel's ``DECODER``: ``"lut-keys"`` /
+    ``"lut-values"`` take ``"lut"`` for that stream alone and ``"prmt"`` for the other."""
+    if decoder in ("lut-keys", "lut-values"):
+        return "lut" if decoder == f"lut-{stream}s" else "prmt"
+    return decoder
 LUT_MIN_TILES = 20  # tiles per split from which "auto" takes "lut": its table is filled once per program
 
 
@@ -337,8 +348,8 @@ def resolve_mma_decoder(decoder: str, cache_format: CacheFormat, tiles_per_split
     if decoder not in MMA_DECODERS:
         raise ValueError(f"the register-operand kernel's decoder must be one of {MMA_DECODERS}, got {decoder!r}")
     lut_serves = cache_format.mma_bits == (4, 4) and cache_format.mma_pair_table is not None
-    if decoder == "lut" and not lut_serves:
-        raise ValueError("decoder='lut' reads 4-bit keys and values of one channel group sharing one codebook; "
+    if decoder.startswith("lut") and not lut_serves:
+        raise ValueError(f"decoder={decoder!r} reads 4-bit keys and values of one channel group sharing one codebook; "
                          f"this cache is {cache_format.mma_bits} bits, or its streams' codebooks differ")
     if decoder == "auto":
         return "lut" if lut_serves and tiles_per_split >= LUT_MIN_TILES else "prmt"
@@ -385,7 +396,7 @@ def resident_programs(device_index: int, group: int, block_n: int, stages: int, 
     shared_per_sm = getattr(props, "shared_memory_per_multiprocessor", SHARED_PER_SM)
     return max(1, min(MAX_BLOCKS_PER_SM, props.max_threads_per_multi_processor // 32,
                       props.regs_per_multiprocessor // registers_per_warp,
-                      shared_per_sm // (compiled.metadata.shared + (PAIR_LUT_BYTES if decoder == "lut" else 0)
+                      shared_per_sm // (compiled.metadata.shared + (PAIR_LUT_BYTES if decoder.startswith("lut") else 0)
                                         + 1024)))
 
 
