@@ -3,18 +3,22 @@
     ncu ... -k regex:"quantize|mma_" python -m benchmarks.ncu_quantize_decode            # every op
     ncu ... -k regex:"mma_split|merge|rotate" python -m benchmarks.ncu_quantize_decode --ops decode
     ncu ... -k regex:mma_split python -m benchmarks.ncu_quantize_decode --ops decode --bits 4 --decoders prmt lut
+    ncu ... -k regex:"mma_split|merge|rotate" python -m benchmarks.ncu_quantize_decode --ops decode --bits 4 \
+        --shapes 1x8192 8x8192                                                  # where a small launch's time goes
 
 ``quantize``: 16M x 128 fp16 rows at 4, 3 and 2 bits (``quantize_mse_triton``, ``kernel="auto"``); ``prod``: the
 same rows, TurboQuant_prod at 4 bits (3-bit codes + QJL signs); ``scores``: logits of B=8, 32K 4-bit keys through
 the register-operand kernel; ``decode``: B=8, 32K decode attention over K4V4, K3V3 and the 3.5-bit outlier preset
 (``kernel="auto"``; the benchmark's random caches; ``--bits`` a subset, ``--decoders`` the register-operand
-kernel's decoders to run at 4 bits, each one launch of that kernel). Profiled by ``scripts/h200_kernels.sh`` with
+kernel's decoders to run at 4 bits, each one launch of that kernel; ``--shapes`` other BATCHxTOKENS). Profiled by ``scripts/h200_kernels.sh`` with
 ``NCU=1``; outputs of earlier sessions under ``results/kernels/session*/ncu_*.txt``."""
 from __future__ import annotations
 
 import argparse
 
 import torch
+
+from turboquant.kernels.decode_attention.mma import MMA_DECODERS
 
 from .utils import HEAD_DIM, HEADS_KV, HEADS_Q, random_norms, random_packed
 
@@ -50,26 +54,36 @@ def _scores(device: torch.device) -> None:
                       kernel="mma")
 
 
-def _decode(device: torch.device, widths: list[float], decoders: list[str]) -> None:
+def _decode(device: torch.device, widths: list[float], decoders: list[str], batch: int, tokens: int) -> None:
     from turboquant.kernels.decode_attention import decode_attention_groups_triton
 
     from .bench_decode import packed_cache
 
-    seq_lens = torch.full((BATCH,), TOKENS, dtype=torch.int32, device=device)
-    q = torch.randn(BATCH, HEADS_Q, HEAD_DIM, device=device, dtype=torch.bfloat16)
+    seq_lens = torch.full((batch,), tokens, dtype=torch.int32, device=device)
+    q = torch.randn(batch, HEADS_Q, HEAD_DIM, device=device, dtype=torch.bfloat16)
     for bits in widths:
-        keys, values, cache_format, perms = packed_cache(BATCH, TOKENS, bits, bits, HEAD_DIM, device)
+        keys, values, cache_format, perms = packed_cache(batch, tokens, bits, bits, HEAD_DIM, device)
         for decoder in decoders if bits == 4 else ["auto"]:
             decode_attention_groups_triton(q, keys, values, seq_lens, cache_format, decoder=decoder,
                                            kernel="auto" if decoder == "auto" else "mma", **perms)
         del keys, values
 
 
+def _shape(text: str) -> tuple[int, int]:
+    """``BATCHxTOKENS`` -> (batch, tokens)."""
+    try:
+        batch, tokens = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a decode shape is BATCHxTOKENS, e.g. 8x32768; got {text!r}") from None
+    return batch, tokens
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
     parser.add_argument("--bits", nargs="+", type=float, choices=(4, 3, 3.5), default=[4, 3, 3.5])
-    parser.add_argument("--decoders", nargs="+", choices=("auto", "prmt", "lut"), default=["auto"])
+    parser.add_argument("--decoders", nargs="+", choices=MMA_DECODERS, default=["auto"])
+    parser.add_argument("--shapes", nargs="+", type=_shape, default=[(BATCH, TOKENS)])
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     for op in args.ops:
@@ -78,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         elif op == "scores":
             _scores(device)
         else:
-            _decode(device, [int(b) if b == int(b) else b for b in args.bits], args.decoders)
+            for batch, tokens in args.shapes:
+                _decode(device, [int(b) if b == int(b) else b for b in args.bits], args.decoders, batch, tokens)
         torch.cuda.synchronize()
         print(op, "done", flush=True)
     return 0
