@@ -9,6 +9,9 @@
 # (GPU, driver, commit), pytest.txt, log.txt, kernels.md, results.csv and the run record (two folders deep at most).
 # NCU=1 adds ncu of one launch of each default kernel (benchmarks/ncu_quantize_decode.py: quantize at 4 / 3 / 2 bits,
 # prod, scores and decode at B=8/32K) as ncu_kernels.txt, with the stall cycles per issued instruction by reason.
+# NCU_DECODE='ARGS' adds ncu of the decode launches that benchmarks/ncu_quantize_decode.py makes with `--ops decode ARGS`
+# (e.g. '--bits 4 --decoders auto prmt --shapes 1x8192 8x32768'), every kernel of each (the query's rotation, the
+# split kernel, the merge, the output's rotation), as ncu_decode.txt (NCU_DECODE_SECONDS, default 150).
 # RUN_ARGS: more overrides for run.py, e.g. RUN_ARGS='kernels_set.ops=[quantize,prod]' (a set's ops alone).
 # ONLY_ON=H200 stops at once (exit 3, before any test or install) where the GPU's name lacks that text: a call that
 # names the nvidia-h200 kind may be given an H100, whose timings the kernels have (sessions 21, 24, 28).
@@ -42,4 +45,11 @@ if [ -n "${NCU:-}" ]; then
   timeout "${NCU_SECONDS:-180}" ncu "${NCU_ARGS[@]}" -k regex:"quantize|mma_" \
     python3 -m benchmarks.ncu_quantize_decode > "$OUT/ncu_kernels.txt" 2>&1
   echo "ncu: exit $?"
+fi
+if [ -n "${NCU_DECODE:-}" ]; then
+  source scripts/ncu_args.sh
+  # shellcheck disable=SC2086  # NCU_DECODE is a list of arguments
+  timeout "${NCU_DECODE_SECONDS:-150}" ncu "${NCU_ARGS[@]}" -k regex:"mma_split|merge|rotate" \
+    python3 -m benchmarks.ncu_quantize_decode --ops decode $NCU_DECODE > "$OUT/ncu_decode.txt" 2>&1
+  echo "ncu decode: exit $?"
 fi
