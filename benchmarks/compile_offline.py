@@ -146,6 +146,17 @@ def _session5_calls(ops: list[str]):
                                                    sketch)
             label["now"] = "quantize b=4 wgmma bf16 rows"
             quantize_wgmma.quantize_mse_wgmma(x.bfloat16(), rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4)
+            for bits in (4, 3, 2):  # the rows staged in shared memory by TMA, the product's operand as they stand
+                label["now"] = f"quantize b={bits} wgmma tma2"
+                quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, bits).boundaries, bits,
+                                                  tma_stages=2)
+            label["now"] = "quantize b=4 wgmma tma2 bf16 rows"
+            quantize_wgmma.quantize_mse_wgmma(x.bfloat16(), rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4,
+                                              tma_stages=2)
+            label["now"] = "quantize prod b=4 wgmma tma2"
+            codebook = tq.lloyd_max_codebook(dim, 3)
+            quantize_wgmma.quantize_prod_wgmma(x, rot, codebook.boundaries, codebook.centroids_tensor(), 3, sketch,
+                                               tma_stages=2)
         if "mma" in ops:  # the register-operand kernel (Gluon): 4-bit K/V only
             cb = tq.lloyd_max_codebook(dim, 4).centroids_tensor()
             lead = (1, 8, 64)

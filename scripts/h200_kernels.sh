@@ -9,9 +9,10 @@
 # (GPU, driver, commit), pytest.txt, log.txt, kernels.md, results.csv and the run record (two folders deep at most).
 # NCU=1 adds ncu of one launch of each default kernel (benchmarks/ncu_quantize_decode.py: quantize at 4 / 3 / 2 bits,
 # prod, scores and decode at B=8/32K) as ncu_kernels.txt, with the stall cycles per issued instruction by reason.
-# NCU_DECODE='ARGS' adds ncu of the decode launches that benchmarks/ncu_quantize_decode.py makes with `--ops decode ARGS`
-# (e.g. '--bits 4 --decoders auto prmt --shapes 1x8192 8x32768'), every kernel of each (the query's rotation, the
-# split kernel, the merge, the output's rotation), as ncu_decode.txt (NCU_DECODE_SECONDS, default 150).
+# NCU_EXTRA='ARGS' adds ncu of the launches benchmarks/ncu_quantize_decode.py makes with ARGS (e.g. '--ops decode
+# --bits 4 --decoders auto prmt --shapes 1x8192 8x32768', or '--ops quantize prod --staging tma'), every kernel of
+# each decode (the query's rotation, the split kernel, the merge, the output's rotation), as ncu_extra.txt
+# (NCU_EXTRA_SECONDS, default 150).
 # RUN_ARGS: more overrides for run.py, e.g. RUN_ARGS='kernels_set.ops=[quantize,prod]' (a set's ops alone).
 # ONLY_ON=H200 stops at once (exit 3, before any test or install) where the GPU's name lacks that text: a call that
 # names the nvidia-h200 kind may be given an H100, whose timings the kernels have (sessions 21, 24, 28).
@@ -40,16 +41,14 @@ echo "run: exit $?"
 cp /tmp/kr/kernels/kernels.md /tmp/kr/kernels/results.csv "$OUT/" 2>/dev/null
 mkdir -p "$OUT/runs" && cp /tmp/kr/kernels/runs/*.json "$OUT/runs/" 2>/dev/null
 grep -E "^\| |FAILED" "$OUT/log.txt" | grep -v "^| op \|^|---" | cut -c1-200 | tail -40
-if [ -n "${NCU:-}" ]; then
+profile() {  # OUTPUT SECONDS KERNEL_REGEX ncu_quantize_decode's arguments...
+  local output=$1 seconds=$2 kernels=$3
+  shift 3
   source scripts/ncu_args.sh
-  timeout "${NCU_SECONDS:-180}" ncu "${NCU_ARGS[@]}" -k regex:"quantize|mma_" \
-    python3 -m benchmarks.ncu_quantize_decode > "$OUT/ncu_kernels.txt" 2>&1
-  echo "ncu: exit $?"
-fi
-if [ -n "${NCU_DECODE:-}" ]; then
-  source scripts/ncu_args.sh
-  # shellcheck disable=SC2086  # NCU_DECODE is a list of arguments
-  timeout "${NCU_DECODE_SECONDS:-150}" ncu "${NCU_ARGS[@]}" -k regex:"mma_split|merge|rotate" \
-    python3 -m benchmarks.ncu_quantize_decode --ops decode $NCU_DECODE > "$OUT/ncu_decode.txt" 2>&1
-  echo "ncu decode: exit $?"
-fi
+  timeout "$seconds" ncu "${NCU_ARGS[@]}" -k regex:"$kernels" python3 -m benchmarks.ncu_quantize_decode "$@" \
+    > "$OUT/$output" 2>&1
+  echo "ncu ($output): exit $?"
+}
+[ -z "${NCU:-}" ] || profile ncu_kernels.txt "${NCU_SECONDS:-180}" "quantize|mma_"
+# shellcheck disable=SC2086  # NCU_EXTRA is a list of arguments
+[ -z "${NCU_EXTRA:-}" ] || profile ncu_extra.txt "${NCU_EXTRA_SECONDS:-150}" "quantize|mma_|merge|rotate" $NCU_EXTRA

@@ -178,12 +178,15 @@ def test_refusals() -> None:
 
 @pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
 @pytest.mark.parametrize("bits", [2, 3, 4])
-def test_bf16_rows_match_reference_on_gpu(bits) -> None:
+@pytest.mark.parametrize("staging", ["registers", "tma"])
+def test_bf16_rows_match_reference_on_gpu(bits, staging) -> None:
+    """bf16 rows: through registers, the fp16 kernel's loads and product; staged by TMA, the product of the rows as
+    they stand with B split into two bf16 operands (``_code_operand``)."""
     gen = torch.Generator().manual_seed(bits)
     cb = tq.lloyd_max_codebook(128, bits)
     rotation = tq.make_rotation("haar", 128, seed=5).matrix().cuda()
     x = (3 * torch.randn(5000, 128, generator=gen)).bfloat16().cuda()
-    codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, bits)
+    codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, bits, staging=staging)
     assert qw.wgmma_quantize_unsupported(x, bits) is None  # so "auto" ran the wgmma kernel
     ref_codes, ref_norms, y = quantize_mse_reference(x, rotation, cb.boundaries, bits)
     assert_codes_match(codes, ref_codes, y, cb.boundaries, bits, 128)
@@ -206,6 +209,15 @@ def test_option_choices() -> None:
     with pytest.raises(ValueError, match="one nearest-centroid step"):
         quantize_prod_triton(x, eye, cb3.boundaries, cb3.centroids_tensor(device), 3, eye, kernel="wgmma",
                              nearest="tree")
+    for call in (lambda **kw: quantize_mse_triton(x, eye, cb.boundaries, 4, **kw),
+                 lambda **kw: quantize_prod_triton(x, eye, cb3.boundaries, cb3.centroids_tensor(device), 3, eye, **kw)):
+        with pytest.raises(ValueError, match="staging must be one of"):
+            call(staging="shared")
+        with pytest.raises(ValueError, match="staging='tma' is the wgmma kernel's"):
+            call(staging="tma", kernel="tiles")
+    with pytest.raises(ValueError, match="tma_stages is 0"):
+        qw._launch(x, eye, cb.boundaries, 4, torch.empty(8, 64, dtype=torch.uint8, device=device),
+                   torch.empty(8, device=device), None, 3, True, 1)
     for step in ("fma", "f16x2"):  # code steps of earlier versions of the wgmma kernel (benchmarks/NOTES.md)
         with pytest.raises(ValueError, match="nearest must be None, 'table' or 'tree'"):
             quantize_mse_triton(x, eye, cb.boundaries, 4, nearest=step)
@@ -229,7 +241,9 @@ def test_offline_compile_for_sm90() -> None:
     launches = [f"quantize b={b} wgmma" for b in (4, 3, 2, 1)]
     no_prefetch = "quantize b=4 wgmma 4/SM no prefetch"
     prod = [f"quantize prod b={b} wgmma" for b in (4, 3, 2)]
-    assert list(rows) == launches + [no_prefetch] + prod + ["quantize b=4 wgmma bf16 rows"]
+    staged = [f"quantize b={b} wgmma tma2" for b in (4, 3, 2)]
+    staged_more = ["quantize b=4 wgmma tma2 bf16 rows", "quantize prod b=4 wgmma tma2"]
+    assert list(rows) == launches + [no_prefetch] + prod + ["quantize b=4 wgmma bf16 rows"] + staged + staged_more
     for name in launches + [no_prefetch]:
         row = rows[name]
         assert row["stack"] == "0" and int(row["HGMMA"]) > 0 and int(row["STS"]) <= 24, row
@@ -244,20 +258,31 @@ def test_offline_compile_for_sm90() -> None:
         assert int(row["LDSM"]) == int(first["LDSM"]) and int(row["STS"]) <= 40, row
     bf16 = rows["quantize b=4 wgmma bf16 rows"]  # bf16 rows: the fp16 kernel's loads and product
     assert bf16["stack"] == "0" and bf16["HGMMA"] == first["HGMMA"] and bf16["STS"] == first["STS"], bf16
+    for name, through_registers in zip(staged, launches):
+        # rows staged by TMA: no register prefetch or operand conversion (fewer registers and instructions), the
+        # loop's only shared-memory accesses the norms' reads of the staged tile (ldmatrix, in the accumulator's
+        # layout); the same product
+        row, before = rows[name], rows[through_registers]
+        assert row["stack"] == "0" and row["HGMMA"] == before["HGMMA"] and int(row["loop shared"]) <= 8, row
+        assert int(row["loop"]) < int(before["loop"]) and int(row["regs"]) <= int(before["regs"]), (row, before)
+    staged_bf16, staged_prod = (rows[name] for name in staged_more)
+    assert staged_bf16["stack"] == "0" and int(staged_bf16["HGMMA"]) == 2 * int(first["HGMMA"]), staged_bf16
+    assert int(staged_prod["stack"]) <= 64 and int(staged_prod["HGMMA"]) == 2 * int(first["HGMMA"]), staged_prod
 
 
 @pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
 @pytest.mark.parametrize("bits", [1, 2, 3, 4])
 @pytest.mark.parametrize("n", [1, 70, 5000])
-@pytest.mark.parametrize("programs_per_sm, num_stages", [(None, None), (4, 1)])
-def test_matches_reference_on_gpu(bits, n, programs_per_sm, num_stages) -> None:
+@pytest.mark.parametrize("programs_per_sm, num_stages, staging",
+                         [(None, None, "registers"), (4, 1, "registers"), (None, 2, "tma"), (2, 3, "tma")])
+def test_matches_reference_on_gpu(bits, n, programs_per_sm, num_stages, staging) -> None:
     gen = torch.Generator().manual_seed(n + bits)
     cb = tq.lloyd_max_codebook(128, bits)
     rotation = tq.make_rotation("haar", 128, seed=3).matrix().cuda()
     x = (3 * torch.randn(n, 128, generator=gen)).half().cuda()
     x[n // 2] = 0 if n > 1 else x[0]  # a zero row among others
     codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, bits, kernel="wgmma",
-                                       programs_per_sm=programs_per_sm, num_stages=num_stages)
+                                       programs_per_sm=programs_per_sm, num_stages=num_stages, staging=staging)
     ref_codes, ref_norms, y = quantize_mse_reference(x, rotation, cb.boundaries, bits)
     keep = ref_norms > 0
     assert_codes_match(codes[keep], ref_codes[keep], y[keep], cb.boundaries, bits, 128)
@@ -266,23 +291,25 @@ def test_matches_reference_on_gpu(bits, n, programs_per_sm, num_stages) -> None:
 
 
 @pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
-def test_replays_in_a_cuda_graph() -> None:
+@pytest.mark.parametrize("staging", ["registers", "tma"])
+def test_replays_in_a_cuda_graph(staging) -> None:
     cb = tq.lloyd_max_codebook(128, 4)
     rotation = tq.make_rotation("haar", 128, seed=0).matrix().cuda()
     x = torch.randn(3, 40, 128, device="cuda").half()
-    quantize_mse_triton(x, rotation, cb.boundaries, 4, kernel="wgmma")
+    quantize_mse_triton(x, rotation, cb.boundaries, 4, kernel="wgmma", staging=staging)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, 4, kernel="wgmma")
+        codes, norms = quantize_mse_triton(x, rotation, cb.boundaries, 4, kernel="wgmma", staging=staging)
     x.normal_()
     graph.replay()
-    want = quantize_mse_triton(x, rotation, cb.boundaries, 4, kernel="wgmma")
+    want = quantize_mse_triton(x, rotation, cb.boundaries, 4, kernel="wgmma", staging=staging)
     assert torch.equal(codes, want[0]) and torch.equal(norms, want[1])
 
 
 @pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
 @pytest.mark.parametrize("bits", [2, 3, 4])
-def test_prod_matches_reference_on_gpu(bits) -> None:
+@pytest.mark.parametrize("staging", ["registers", "tma"])
+def test_prod_matches_reference_on_gpu(bits, staging) -> None:
     from tests.kernels.test_kernel_quantize_prod import assert_close_off_ties
     from turboquant.kernels.quantize_prod import quantize_prod_reference, quantize_prod_triton
 
@@ -291,7 +318,8 @@ def test_prod_matches_reference_on_gpu(bits) -> None:
     mse = quantizer.mse
     args = (mse.rotation.matrix().cuda(), mse.codebook.boundaries, mse.codebook.centroids_tensor("cuda"))
     codes, signs, norms, residual_norms = quantize_prod_triton(x.cuda(), *args, bits - 1,
-                                                               quantizer.qjl.matrix.cuda(), kernel="wgmma")
+                                                               quantizer.qjl.matrix.cuda(), kernel="wgmma",
+                                                               staging=staging)
     ref = quantize_prod_reference(x, args[0].cpu(), args[1], args[2].cpu(), bits - 1, quantizer.qjl.matrix)
     gap = (ref["y"][..., None] - torch.as_tensor(mse.codebook.boundaries)).abs().min(dim=-1).values
     assert_close_off_ties(codes, ref["codes"], bits - 1, 128, gap)

@@ -30,10 +30,20 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..packing import packed_size
 from ._layout import as_rows
+
+# The TMA load into shared memory: async_copy_global_to_shared up to Triton 3.6 (the device image), async_load after
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 HEAD_DIM = 128
 BLOCK_M = gl.constexpr(64)  # rows per tile: one m64 wgmma per warpgroup
@@ -42,6 +52,10 @@ ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1
 OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=ACC.value, k_width=2))
 TILE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # 64 x 128 16-bit loads: 16 bytes per lane
 SHARED_B = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+SHARED_ROWS = SHARED_B  # a (64, 128) tile of 16-bit rows staged by TMA: wgmma's shared-memory A operand, K-major
+ROW_TILE_BYTES = gl.constexpr(64 * HEAD_DIM * 2)  # one such tile
+OPERAND_BYTES = HEAD_DIM * HEAD_DIM * 2  # one (128, 128) 16-bit B operand in shared memory
+SHARED_PER_SM = 227 * 1024  # shared memory a block may take on sm_90
 
 
 @gluon.constexpr_function
@@ -214,11 +228,38 @@ def _store_pairs(pairs, code_words_ptr, row0, n_rows, stride_words, BITS: gl.con
 
 @gluon.jit
 def _shared_operand(b_ptr):
-    """A (128, 128) fp16 row-major matrix in shared memory as a ``wgmma`` B operand (loaded once per program)."""
+    """A (128, 128) 16-bit row-major matrix (``b_ptr``'s dtype) in shared memory as a ``wgmma`` B operand (loaded
+    once per program)."""
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, TILE))
     k_rows = gl.arange(0, 128, layout=gl.SliceLayout(1, TILE))
     tile = gl.load(b_ptr + k_rows[:, None] * 128 + cols[None, :])
-    return gl.allocate_shared_memory(gl.float16, [128, 128], SHARED_B, tile)
+    return gl.allocate_shared_memory(b_ptr.dtype.element_ty, [128, 128], SHARED_B, tile)
+
+
+@gluon.jit
+def _stage_rows(x_desc, x_smem, ready, slot, tile, live):
+    """Issue the TMA copy of tile ``tile``'s 64 rows into buffer ``slot`` of ``x_smem``, completing on
+    ``ready[slot]`` (rows past the descriptor's shape arrive as zeros); nothing where ``live`` is false."""
+    mbarrier.expect(ready.index(slot), ROW_TILE_BYTES, pred=live)
+    _tma_load(x_desc, [tile * BLOCK_M, 0], ready.index(slot), x_smem.index(slot), pred=live)
+
+
+@gluon.jit
+def _staged_product(x_smem, ready, slot, phase, b, b_low, SPLIT_B: gl.constexpr):
+    """Once buffer ``slot`` holds its rows (``ready[slot]`` at ``phase``): ``(x B, ||x||)`` of the staged (64, 128)
+    tile, both in :data:`ACC` (the norms as its row slice). x B by ``wgmma`` from shared memory (the rows
+    unscaled: y = (x / n) B = (x B) / n), with ``SPLIT_B`` (bf16 rows) as x B_hi + x B_lo, B rounded to bf16 twice
+    (2^-17 rather than bf16's 2^-9); the sum of squares from the same buffer, read in the accumulator's layout while
+    the product runs, so each norm lands on the lanes that hold its row."""
+    mbarrier.wait(ready.index(slot), phase)
+    x = x_smem.index(slot)
+    y = warpgroup_mma(x, b, gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False, is_async=True)
+    if SPLIT_B:
+        y = warpgroup_mma(x, b_low, y, is_async=True)
+    xf = x.load(ACC).to(gl.float32)
+    norm = gl.sqrt(gl.sum(xf * xf, axis=1))
+    y = warpgroup_mma_wait(0, deps=[y])
+    return y, norm
 
 
 @gluon.jit
@@ -229,59 +270,105 @@ def _load_rows(x_ptr, rows, cols, n_rows, stride_x):
 
 
 @gluon.jit
-def quantize_wgmma_kernel(x_ptr, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_rows, stride_x, stride_words,
-                          sketch_ptr, magnitude_ptr, sign_words_ptr, residual_norms_ptr, stride_sign_words,
-                          BITS: gl.constexpr, PROD: gl.constexpr, PREFETCH: gl.constexpr):
-    """Persistent grid over tiles of 64 rows (module docstring). ``b_ptr``: (128, 128) fp16 B = Pi^T with columns in
-    :func:`code_column_order`; ``mid_ptr``: the positive midpoints as fp16 pairs (:func:`_positive_midpoints`);
+def _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code_words_ptr, n_rows, stride_words,
+               sign_words_ptr, residual_norms_ptr, stride_sign_words, BITS: gl.constexpr, PROD: gl.constexpr):
+    """Codes of the unit rows' rotations ``y`` ((64, 128) in :data:`ACC`) of tile ``tile``, stored; with ``PROD`` the
+    residual norms and the QJL signs too (:func:`quantize_wgmma_kernel`)."""
+    if PROD:
+        codes, residual = _f16x2_codes_residuals(y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, BITS)
+        residual_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
+        gl.store(residual_norms_ptr + residual_rows,
+                 gl.sqrt(gl.sum(residual * residual, axis=1)).to(residual_norms_ptr.dtype.element_ty),
+                 mask=residual_rows < n_rows)
+        z = warpgroup_mma(gl.convert_layout(residual.to(gl.float16), OPERAND_A), sketch,
+                          gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
+        _store_pairs(_pair_signs(z), sign_words_ptr, tile * BLOCK_M, n_rows, stride_sign_words, 1)
+    else:
+        codes = _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS)
+    _store_pairs(codes, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
+
+
+@gluon.jit
+def quantize_wgmma_kernel(x_src, b_ptr, b_low_ptr, mid_ptr, code_words_ptr, norms_ptr, n_rows, stride_x,
+                          stride_words, sketch_ptr, magnitude_ptr, sign_words_ptr, residual_norms_ptr,
+                          stride_sign_words, BITS: gl.constexpr, PROD: gl.constexpr, PREFETCH: gl.constexpr,
+                          TMA_STAGES: gl.constexpr):
+    """Persistent grid over tiles of 64 rows (module docstring). ``b_ptr``: (128, 128) B = Pi^T with columns in
+    :func:`code_column_order`, fp16 (``b_low_ptr`` unread), or with ``TMA_STAGES`` and bf16 rows bf16 B_hi and
+    ``b_low_ptr`` B_lo = B - B_hi; ``mid_ptr``: the positive midpoints as fp16 pairs (:func:`_positive_midpoints`);
     ``code_words_ptr``: the packed rows as int32 words (4 b per row). ``PROD`` (TurboQuant_prod, Algorithm 2;
     b = ``BITS`` + 1): the codes and the residual e = y - c[code] of the unit row in the rotated basis from
     :func:`_f16x2_codes_residuals` (``magnitude_ptr``: the codebook's positive centroids as fp16 pairs,
     :func:`_positive_magnitudes`), its norm (``residual_norms_ptr``; ||r|| = ||e||) and the QJL sign bits
     [S r >= 0] = [M e >= 0], M = S Pi^T, from a second ``wgmma`` with e as the register operand and ``sketch_ptr`` =
     M^T (:func:`_sketch_operand`), stored from its accumulator as 1-bit codes (:func:`_pair_signs`;
-    ``sign_words_ptr``, 4 words per row). The pointers of the unused stage are never read. ``PREFETCH``: load the
-    next tile's rows into registers before computing this one (32 more registers per thread) or not (more resident
-    programs within the register file)."""
+    ``sign_words_ptr``, 4 words per row). The pointers of the unused stage are never read.
+
+    How the rows arrive: ``TMA_STAGES`` 0, ``x_src`` is their pointer (row stride ``stride_x``) and the rows are
+    loaded into registers, scaled to unit rows there and converted to the register operand (``PREFETCH``: the next
+    tile's loads issued before this one is computed, 32 more registers per thread); ``TMA_STAGES`` s >= 2,
+    ``x_src`` is their TMA descriptor (:data:`SHARED_ROWS`) and s tiles are in flight in shared memory, each the
+    product's shared-memory operand as it stands (:func:`_staged_product`: y = (x B) / n, the scale on the
+    accumulator), so that no row passes through registers but for its norm."""
     w0, w1, w2, w3 = gl.load(mid_ptr), gl.load(mid_ptr + 1), gl.load(mid_ptr + 2), gl.load(mid_ptr + 3)
     w4, w5, w6 = gl.load(mid_ptr + 4), gl.load(mid_ptr + 5), gl.load(mid_ptr + 6)
     b = _shared_operand(b_ptr)
+    SPLIT_B: gl.constexpr = TMA_STAGES > 0 and b_ptr.dtype.element_ty == gl.bfloat16
+    if SPLIT_B:
+        b_low = _shared_operand(b_low_ptr)
+    else:
+        b_low = b
     if PROD:
         v0, v1 = gl.load(magnitude_ptr), gl.load(magnitude_ptr + 1)
         v2, v3 = gl.load(magnitude_ptr + 2), gl.load(magnitude_ptr + 3)
         sketch = _shared_operand(sketch_ptr)
-    fence_async_shared()
-    cols = gl.arange(0, 128, layout=gl.SliceLayout(0, TILE))
-    local = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, TILE))
+    else:
+        v0, v1, v2, v3, sketch = w0, w1, w2, w3, b
     pid, n_programs = gl.program_id(0), gl.num_programs(0)
-    if PREFETCH:
-        x = _load_rows(x_ptr, pid * BLOCK_M + local, cols, n_rows, stride_x)
-    for tile in range(pid, gl.cdiv(n_rows, BLOCK_M), n_programs):
-        rows = tile * BLOCK_M + local
-        if PREFETCH:  # the next tile's loads in flight while this one is computed
-            x_next = _load_rows(x_ptr, rows + n_programs * BLOCK_M, cols, n_rows, stride_x)
-        else:
-            x = _load_rows(x_ptr, rows, cols, n_rows, stride_x)
-        xf = x.to(gl.float32)
-        norm = gl.sqrt(gl.sum(xf * xf, axis=1))
-        gl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=rows < n_rows)
-        inv = gl.where(norm > 0, 1.0 / gl.maximum(norm, 1e-30), 0.0)
-        unit = gl.convert_layout((xf * inv[:, None]).to(gl.float16), OPERAND_A)
-        y = warpgroup_mma(unit, b, gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
-        if PROD:
-            codes, residual = _f16x2_codes_residuals(y, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, BITS)
-            residual_rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
-            gl.store(residual_norms_ptr + residual_rows,
-                     gl.sqrt(gl.sum(residual * residual, axis=1)).to(residual_norms_ptr.dtype.element_ty),
-                     mask=residual_rows < n_rows)
-            z = warpgroup_mma(gl.convert_layout(residual.to(gl.float16), OPERAND_A), sketch,
-                              gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
-            _store_pairs(_pair_signs(z), sign_words_ptr, tile * BLOCK_M, n_rows, stride_sign_words, 1)
-        else:
-            codes = _f16x2_codes(y, w0, w1, w2, w3, w4, w5, w6, BITS)
-        _store_pairs(codes, code_words_ptr, tile * BLOCK_M, n_rows, stride_words, BITS)
+    n_tiles = gl.cdiv(n_rows, BLOCK_M)
+    if TMA_STAGES > 0:
+        x_smem = gl.allocate_shared_memory(x_src.dtype, [TMA_STAGES, BLOCK_M, 128], SHARED_ROWS)
+        ready = gl.allocate_shared_memory(gl.int64, [TMA_STAGES, 1], mbarrier.MBarrierLayout())
+        for slot in gl.static_range(TMA_STAGES):
+            mbarrier.init(ready.index(slot), count=1)
+        fence_async_shared()
+        mine = gl.cdiv(n_tiles - pid, n_programs)  # this program's tiles: pid + i * n_programs, i < mine
+        for i in gl.static_range(TMA_STAGES - 1):
+            _stage_rows(x_src, x_smem, ready, i, pid + i * n_programs, i < mine)
+        for i in range(mine):
+            ahead = i + TMA_STAGES - 1  # refills the buffer the previous tile was read from
+            _stage_rows(x_src, x_smem, ready, ahead % TMA_STAGES, pid + ahead * n_programs, ahead < mine)
+            tile = pid + i * n_programs
+            y, norm = _staged_product(x_smem, ready, i % TMA_STAGES, (i // TMA_STAGES) & 1, b, b_low, SPLIT_B)
+            rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
+            gl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=rows < n_rows)
+            y = y * gl.where(norm > 0, 1.0 / gl.maximum(norm, 1e-30), 0.0)[:, None]
+            _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code_words_ptr, n_rows,
+                       stride_words, sign_words_ptr, residual_norms_ptr, stride_sign_words, BITS, PROD)
+        for slot in gl.static_range(TMA_STAGES):
+            mbarrier.invalidate(ready.index(slot))
+    else:
+        fence_async_shared()
+        cols = gl.arange(0, 128, layout=gl.SliceLayout(0, TILE))
+        local = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, TILE))
         if PREFETCH:
-            x = x_next
+            x = _load_rows(x_src, pid * BLOCK_M + local, cols, n_rows, stride_x)
+        for tile in range(pid, n_tiles, n_programs):
+            rows = tile * BLOCK_M + local
+            if PREFETCH:  # the next tile's loads in flight while this one is computed
+                x_next = _load_rows(x_src, rows + n_programs * BLOCK_M, cols, n_rows, stride_x)
+            else:
+                x = _load_rows(x_src, rows, cols, n_rows, stride_x)
+            xf = x.to(gl.float32)
+            norm = gl.sqrt(gl.sum(xf * xf, axis=1))
+            gl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=rows < n_rows)
+            inv = gl.where(norm > 0, 1.0 / gl.maximum(norm, 1e-30), 0.0)
+            unit = gl.convert_layout((xf * inv[:, None]).to(gl.float16), OPERAND_A)
+            y = warpgroup_mma(unit, b, gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
+            _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code_words_ptr, n_rows,
+                       stride_words, sign_words_ptr, residual_norms_ptr, stride_sign_words, BITS, PROD)
+            if PREFETCH:
+                x = x_next
 
 
 def _fp16_pairs(values: torch.Tensor) -> torch.Tensor:
@@ -307,27 +394,28 @@ def _positive_midpoints(midpoints: bytes, device: str) -> torch.Tensor:
 
 def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
                        norms_dtype: torch.dtype = torch.float32, programs_per_sm: int = 3,
-                       prefetch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                       prefetch: bool = True, tma_stages: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes and norms of ``x`` (..., 128) float16 or bfloat16 as
     :func:`~turboquant.kernels.quantize.quantize_mse_triton` returns them (inputs checked there and by
     :func:`wgmma_quantize_unsupported`), computed by :func:`quantize_wgmma_kernel`; ``boundaries`` the codebook's
     midpoints as float64; ``programs_per_sm``: resident programs per SM (the register budget of each, ``maxnreg``, is
-    set so that they fit); ``prefetch``: the kernel's ``PREFETCH``."""
+    set so that they fit, and at most as many as the shared memory holds); ``prefetch``, ``tma_stages``: the kernel's
+    ``PREFETCH`` and ``TMA_STAGES``."""
     rows, lead_shape = as_rows(x)
     codes = torch.empty((rows.shape[0], packed_size(HEAD_DIM, bits)), dtype=torch.uint8, device=x.device)
     norms = torch.empty((rows.shape[0],), dtype=norms_dtype, device=x.device)
-    _launch(rows, rotation_matrix, boundaries, bits, codes, norms, None, programs_per_sm, prefetch)
+    _launch(rows, rotation_matrix, boundaries, bits, codes, norms, None, programs_per_sm, prefetch, tma_stages)
     return codes.reshape(*lead_shape, codes.shape[-1]), norms.reshape(lead_shape)
 
 
 def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray,
                         centroids: torch.Tensor, mse_bits: int, qjl_matrix: torch.Tensor,
-                        norms_dtype: torch.dtype = torch.float32,
-                        programs_per_sm: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                        norms_dtype: torch.dtype = torch.float32, programs_per_sm: int = 2,
+                        tma_stages: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """TurboQuant_prod (Algorithm 2) of ``x`` (..., 128) float16 or bfloat16 as
     :func:`~turboquant.kernels.quantize_prod.quantize_prod_triton` returns it (codes, signs, norms, residual norms;
     inputs checked there and by :func:`wgmma_quantize_unsupported`), by :func:`quantize_wgmma_kernel` with ``PROD``:
-    ``mse_bits`` 1-3, a symmetric codebook."""
+    ``mse_bits`` 1-3, a symmetric codebook; ``programs_per_sm``, ``tma_stages`` as :func:`quantize_mse_wgmma`'s."""
     rows, lead_shape = as_rows(x)
     n_rows = rows.shape[0]
     codes = torch.empty((n_rows, packed_size(HEAD_DIM, mse_bits)), dtype=torch.uint8, device=x.device)
@@ -336,34 +424,54 @@ def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundari
     residual_norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
     prod = (_sketch_operand(rotation_matrix, qjl_matrix, mse_bits), _positive_magnitudes(centroids), signs,
             residual_norms)
-    _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, programs_per_sm, True)
+    _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, programs_per_sm, True, tma_stages)
     return (codes.reshape(*lead_shape, codes.shape[-1]), signs.reshape(*lead_shape, signs.shape[-1]),
             norms.reshape(lead_shape), residual_norms.reshape(lead_shape))
 
 
 def _launch(rows: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
             codes: torch.Tensor, norms: torch.Tensor, prod: tuple | None, programs_per_sm: int,
-            prefetch: bool) -> None:
+            prefetch: bool, tma_stages: int) -> None:
     """One persistent launch of :func:`quantize_wgmma_kernel` over ``rows`` (``prod``: the sketch operand, the
     positive centroids, the sign and residual-norm outputs), ``programs_per_sm`` programs of one warpgroup resident
-    per SM within its 64K registers."""
+    per SM within its 64K registers and (``tma_stages``) its shared memory."""
     n_rows = rows.shape[0]
     if not n_rows:
         return
+    if tma_stages == 1 or tma_stages < 0:
+        raise ValueError(f"tma_stages is 0 (rows through registers) or a pipeline of at least 2 tiles, got "
+                         f"{tma_stages}")
     mids = _positive_midpoints(np.asarray(boundaries, dtype=np.float64).tobytes(), str(rows.device))
     sketch, magnitudes, signs, residual_norms = prod if prod is not None else (rows, mids, codes, norms)
+    b, b_low = _code_operand(rotation_matrix, bits, rows.dtype if tma_stages else torch.float16)
+    x_src = rows
+    if tma_stages:
+        if rows.data_ptr() % 16 or (rows.stride(0) * rows.element_size()) % 16:
+            raise ValueError("TMA reads rows whose start and stride are multiples of 16 bytes; these rows start at "
+                             f"{rows.data_ptr() % 16} mod 16 with a stride of {rows.stride(0)} elements")
+        x_src = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [BLOCK_M.value, HEAD_DIM],
+                                 SHARED_ROWS.value)
+        operands = (1 if b_low is None else 2) + (prod is not None)
+        shared = operands * OPERAND_BYTES + tma_stages * ROW_TILE_BYTES.value + 1024  # the runtime's reserve per block
+        programs_per_sm = max(1, min(programs_per_sm, SHARED_PER_SM // shared))
     n_sm = torch.cuda.get_device_properties(rows.device).multi_processor_count if rows.is_cuda else 4
     grid = (min(triton.cdiv(n_rows, BLOCK_M.value), programs_per_sm * n_sm),)
-    quantize_wgmma_kernel[grid](rows, _code_operand(rotation_matrix, bits), mids, codes.view(torch.int32),
-                                norms, n_rows, rows.stride(0), codes.shape[1] // 4, sketch, magnitudes,
+    quantize_wgmma_kernel[grid](x_src, b, b if b_low is None else b_low, mids, codes.view(torch.int32), norms,
+                                n_rows, rows.stride(0), codes.shape[1] // 4, sketch, magnitudes,
                                 signs.view(torch.int32), residual_norms, signs.shape[1] // 4, BITS=bits,
-                                PROD=prod is not None, PREFETCH=prefetch, num_warps=4,
+                                PROD=prod is not None, PREFETCH=prefetch, TMA_STAGES=tma_stages, num_warps=4,
                                 maxnreg=min(255, 65536 // (128 * programs_per_sm) // 8 * 8))
 
 
-def _code_operand(rotation_matrix: torch.Tensor, bits: int) -> torch.Tensor:
-    """B = Pi^T (128 x 128 fp16) with columns in :func:`code_column_order` of ``bits``."""
-    return rotation_matrix.T[:, code_column_order(bits, rotation_matrix.device)].to(torch.float16).contiguous()
+def _code_operand(rotation_matrix: torch.Tensor, bits: int,
+                  dtype: torch.dtype = torch.float16) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """B = Pi^T (128 x 128) with columns in :func:`code_column_order` of ``bits``, in the rows' ``dtype``: fp16 (and
+    None), or bf16 B_hi and B_lo = B - B_hi rounded to bf16 again (the product then carries 2^-17 of B, not 2^-9)."""
+    exact = rotation_matrix.T[:, code_column_order(bits, rotation_matrix.device)].to(torch.float64)
+    high = exact.to(dtype).contiguous()
+    if dtype == torch.float16:
+        return high, None
+    return high, (exact - high.to(torch.float64)).to(dtype).contiguous()
 
 
 def _sketch_operand(rotation_matrix: torch.Tensor, qjl_matrix: torch.Tensor, mse_bits: int) -> torch.Tensor:
