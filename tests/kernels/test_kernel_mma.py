@@ -389,6 +389,17 @@ def test_auto_takes_the_tile_kernel_where_mma_cannot_serve() -> None:
         decode_kernel("fast", None, None)
 
 
+def test_pdl_is_the_register_operand_chains() -> None:
+    from turboquant.kernels.decode_attention import decode_attention_groups_triton
+
+    cb = tq.lloyd_max_codebook(128, 4).centroids_tensor()
+    group = [ChannelGroup(128, 4, tq.make_rotation("haar", 128, seed=0).matrix(), cb)]
+    fields = [group[0].packed(torch.zeros(1, 2, 8, 64, dtype=torch.uint8), torch.ones(1, 2, 8))]
+    with pytest.raises(ValueError, match="pdl=True chains the register-operand kernel's launches"):
+        decode_attention_groups_triton(torch.randn(1, 8, 128), fields, fields, torch.tensor([8], dtype=torch.int32),
+                                       CacheFormat.build(group, group, "cpu"), kernel="tiles", pdl=True)
+
+
 def test_launch_names_the_refusal(device) -> None:
     from turboquant.kernels.decode_attention import decode_attention_groups_triton
 
@@ -440,7 +451,7 @@ def test_offline_compile_for_sm90_keeps_operands_in_registers() -> None:
     keys = [k.strip() for k in header.strip("|").split("|")]
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
             if "mma_split_kernel" in line or "mma_scores_kernel" in line]
-    assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 7 + ["mma_scores_kernel"]  # 4-bit variants
+    assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 8 + ["mma_scores_kernel"]  # 4-bit variants
                                                + ["mma_split_kernel"] * 2 + ["mma_scores_kernel"]  # K3V3, K4V3, b=3
                                                + ["mma_split_kernel"])  # the 3.5-bit split
     for row in rows:
@@ -530,7 +541,10 @@ def test_mma_kernels_replay_in_a_cuda_graph() -> None:
     seq_lens = torch.tensor([300, 123], dtype=torch.int32, device="cuda")
     calls = {"scores": lambda: mse_scores_triton(q[0, None, :4], codes[0, 0, None], norms[0, 0, None], cb, 4,
                                                  kernel="mma"),
-             "decode": lambda: decode_attention_groups_triton(q, fields, fields, seq_lens, cache_format, kernel="mma")}
+             "decode": lambda: decode_attention_groups_triton(q, fields, fields, seq_lens, cache_format, kernel="mma"),
+             # the same chain as programmatic dependent launches (the graph keeps their edges): the same bits
+             "decode, pdl": lambda: decode_attention_groups_triton(q, fields, fields, seq_lens, cache_format,
+                                                                   kernel="mma", pdl=True)}
     for name, call in calls.items():
         call()
         torch.cuda.synchronize()
@@ -541,6 +555,7 @@ def test_mma_kernels_replay_in_a_cuda_graph() -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, call()), name
+    assert torch.equal(calls["decode"](), calls["decode, pdl"]())
 
 
 def test_mma_scores_refusals() -> None:

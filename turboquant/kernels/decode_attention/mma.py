@@ -52,6 +52,7 @@ from .._mma import (
     decoded_values,
     fill_pair_lut,
     gather_words,
+    grid_dependency_wait,
     key_slot_source,
     key_words_layout,
     row_loads_serve,
@@ -154,7 +155,7 @@ def mma_split_kernel(
     vn0_strides, part_strides, lse_strides, scale_log2,
     GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KEY_BITS: gl.constexpr,
     VALUE_BITS: gl.constexpr, DECODER: gl.constexpr, K_ROW: gl.constexpr, V_ROW: gl.constexpr,
-    ROW_LOADS: gl.constexpr,
+    ROW_LOADS: gl.constexpr, PDL: gl.constexpr,
 ):
     """One (batch row, KV head, split), one warp. ``q_ptr``: (batch, query heads, 128) fp16 rotated queries in
     :func:`key_channel_order`; ``k_words_ptr`` / ``v_words_ptr``: the packed code rows as int32 words, strides in
@@ -171,7 +172,10 @@ def mma_split_kernel(
     per two lanes so that at most two lanes' lookups share a bank. ``ROW_LOADS`` (one channel group per stream, rows
     aligned for it: :func:`~turboquant.kernels._mma.row_loads_serve`): a tile's code words are loaded by
     :func:`~turboquant.kernels._mma.tile_words`, one address per lane and immediate offsets (``K_ROW`` / ``V_ROW``,
-    the words per token row, ``k_strides[2]`` / ``v_strides[2]``), else through per-element pointers."""
+    the words per token row, ``k_strides[2]`` / ``v_strides[2]``), else through per-element pointers. ``PDL``
+    (launched as a programmatic dependent of the query's rotation): the table's fill and the first tile's loads (the
+    cache, written before that kernel ran) overlap its tail; the query is read after
+    :func:`~turboquant.kernels._mma.grid_dependency_wait`."""
     SPLIT: gl.constexpr = KEY_BITS == SPLIT_43
     b = gl.program_id(0).to(gl.int64)
     kv_head = gl.program_id(1)
@@ -183,17 +187,6 @@ def mma_split_kernel(
         fill_pair_lut(pair_table_ptr)
     start = split * tokens_per_split
     end = gl.minimum(start + tokens_per_split, seq_len)
-
-    k_rows = gl.arange(0, 128, layout=gl.SliceLayout(1, ROWS))
-    h_cols = gl.arange(0, HEADS, layout=gl.SliceLayout(0, ROWS))
-    q_t = gl.load(q_ptr + b * q_strides[0] + (kv_head * GROUP + h_cols)[None, :] * q_strides[1] + k_rows[:, None],
-                  mask=(h_cols < GROUP)[None, :], other=0.0)
-    if SPLIT:  # the outlier positions of the key order are k < 32 (turboquant.kernels._mma): their own product
-        q0_t = gl.convert_layout(gl.load(q_ptr + b * q_strides[0] + (kv_head * GROUP + h_cols)[None, :] * q_strides[1]
-                                         + gl.arange(0, 32, layout=gl.SliceLayout(1, ROWS))[:, None],
-                                         mask=(h_cols < GROUP)[None, :], other=0.0), OPERAND_B)
-        q_t = gl.where((k_rows < 32)[:, None], 0.0, q_t)
-    q_t = gl.convert_layout(q_t, OPERAND_B)
 
     KEY_WORDS: gl.constexpr = key_words_layout(BLOCK_N)
     VALUE_WORDS: gl.constexpr = value_words_layout(BLOCK_N, False)
@@ -222,6 +215,19 @@ def mma_split_kernel(
         k_loaded, v_loaded, o_loaded = _tile_loads(
             k_words, v_words, k0_words, v0_words, start, end, k_tok, k_slot, v_tok, v_slot, k_strides, v_strides,
             k0_strides, v0_strides, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT, K_ROW, V_ROW, ROW_LOADS)
+    if PDL:
+        grid_dependency_wait()
+    k_rows = gl.arange(0, 128, layout=gl.SliceLayout(1, ROWS))
+    h_cols = gl.arange(0, HEADS, layout=gl.SliceLayout(0, ROWS))
+    q_t = gl.load(q_ptr + b * q_strides[0] + (kv_head * GROUP + h_cols)[None, :] * q_strides[1] + k_rows[:, None],
+                  mask=(h_cols < GROUP)[None, :], other=0.0)
+    if SPLIT:  # the outlier positions of the key order are k < 32 (turboquant.kernels._mma): their own product
+        q0_t = gl.convert_layout(gl.load(q_ptr + b * q_strides[0] + (kv_head * GROUP + h_cols)[None, :] * q_strides[1]
+                                         + gl.arange(0, 32, layout=gl.SliceLayout(1, ROWS))[:, None],
+                                         mask=(h_cols < GROUP)[None, :], other=0.0), OPERAND_B)
+        q_t = gl.where((k_rows < 32)[:, None], 0.0, q_t)
+    q_t = gl.convert_layout(q_t, OPERAND_B)
+
     for n0 in range(start, end, BLOCK_N):
         if STAGES == 1:
             k_loaded, v_loaded, o_loaded = _tile_loads(
@@ -304,11 +310,13 @@ def _stream_args(groups: Sequence[QuantizedVectors]) -> tuple:
 
 def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors],
               seq_lens: torch.Tensor, cache_format: CacheFormat, part_out: torch.Tensor, part_lse: torch.Tensor,
-              tokens_per_split: int, block_n: int, scale_log2: float, stages: int, decoder: str) -> None:
+              tokens_per_split: int, block_n: int, scale_log2: float, stages: int, decoder: str,
+              pdl: bool = False) -> None:
     """Launch :func:`mma_split_kernel` over ``part_out`` (batch, query heads, splits, 128) / ``part_lse``.
     ``q_rot``: (batch, query heads, 128) fp16 rotated queries in the key order
     (:attr:`CacheFormat.mma_query_map`); ``keys`` / ``values``: each stream's channel groups (outliers first);
-    ``stages``, ``decoder``: the kernel's ``STAGES`` and ``DECODER`` (:func:`resolve_mma_decoder`)."""
+    ``stages``, ``decoder``: the kernel's ``STAGES`` and ``DECODER`` (:func:`resolve_mma_decoder`); ``pdl``: launched
+    as a programmatic dependent of the kernel before it (``PDL``)."""
     batch, n_heads, _ = q_rot.shape
     n_kv_heads, num_splits = keys[0].codes.shape[1], part_out.shape[2]
     (k, kn, k0, kn0), k_strides = _stream_args(keys)
@@ -321,7 +329,8 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
         *cache_format.mma_tables, cache_format.mma_pair_table if decoder.startswith("lut") else seq_lens, tokens_per_split,
         q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0], v_strides[1], k_strides[2], k_strides[3],
         v_strides[2], v_strides[3], part_out.stride()[:3], part_lse.stride()[:2], scale_log2,
-        **_meta(n_heads // n_kv_heads, block_n, stages, key_bits, value_bits, decoder, rows),
+        **_meta(n_heads // n_kv_heads, block_n, stages, key_bits, value_bits, decoder, rows), PDL=pdl,
+        launch_pdl=pdl,
     )
 
 
@@ -389,7 +398,7 @@ def resident_programs(device_index: int, group: int, block_n: int, stages: int, 
         compiled = mma_split_kernel.warmup(
             f16, i32, f16, i32, f16, i32, f16, i32, f16, i32, i32, f32, f32, tables, tables, i32, 1024,
             (4096, 128), words, norms, words, norms, words, norms, words, norms, words, (4096, 64), 1.0, grid=(1,),
-            **_meta(group, block_n, stages, *bits, decoder, (words[2], words[2])))
+            **_meta(group, block_n, stages, *bits, decoder, (words[2], words[2])), PDL=False)
         compiled._init_handles()  # loads the binary, which is when Triton reads its register count
     props = torch.cuda.get_device_properties(device_index)
     registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
