@@ -13,11 +13,16 @@ and the codes go to memory straight from the accumulator. Lane 4g + t of a warp 
 in fp16 (:func:`_f16x2_codes`: the pair converted to one register, the search on both halves per instruction), and
 B's column permutation puts in lane t the rotated channels 32t .. 32t + 31, a pair's two codes 16 bits apart in
 one packed word, so a lane assembles b 32-bit words of the packed row (16 / 12 / 8 / 4 bytes at b = 4 / 3 / 2 / 1)
-with a shift-add per pair and stores them without an exchange. The rows are loaded coalesced (16 bytes per lane)
-and the next tile's loads are issued before the current tile is computed.
+with a shift-add per pair and stores them without an exchange.
 
-The unit rows and the rotation are fp16 with fp32 sums, as in :func:`turboquant.kernels.quantize.quantize_mse_triton`;
-the code step compares y and the midpoints rounded to fp16, so the float64 reference's codes differ only for
+The rows reach the product by one of two paths (:func:`quantize_wgmma_kernel`'s ``TMA_STAGES``): loaded coalesced
+into registers (16 bytes per lane, the next tile's loads issued before the current tile is computed), scaled there
+and converted to the register operand; or staged in shared memory by TMA a few tiles ahead and multiplied as they
+stand, the product being linear, y = (x B) / n: the scale is applied to the accumulator.
+
+Through registers the unit rows and the rotation are fp16 with fp32 sums, as in
+:func:`turboquant.kernels.quantize.quantize_mse_triton`; staged, the rows enter unrounded and B is fp16 (bf16 rows: two
+bf16 parts, :func:`_code_operand`). The code step compares y and the midpoints rounded to fp16, so the float64 reference's codes differ only for
 coordinates within ~1e-3 |y| of a midpoint. GPU only (Gluon has no interpreter); :func:`wgmma_quantize_unsupported`
 says what it does not read. TurboQuant_prod (Algorithm 2) runs in the same kernel (:func:`quantize_prod_wgmma`).
 """
