@@ -22,9 +22,10 @@ stand, the product being linear, y = (x B) / n: the scale is applied to the accu
 
 Through registers the unit rows and the rotation are fp16 with fp32 sums, as in
 :func:`turboquant.kernels.quantize.quantize_mse_triton`; staged, the rows enter unrounded and B is fp16 (bf16 rows: two
-bf16 parts, :func:`_code_operand`). The code step compares y and the midpoints rounded to fp16, so the float64 reference's codes differ only for
-coordinates within ~1e-3 |y| of a midpoint. GPU only (Gluon has no interpreter); :func:`wgmma_quantize_unsupported`
-says what it does not read. TurboQuant_prod (Algorithm 2) runs in the same kernel (:func:`quantize_prod_wgmma`).
+bf16 parts, :func:`_code_operand`). The code step compares y and the midpoints rounded to fp16, so the float64
+reference's codes differ only for coordinates within ~1e-3 |y| of a midpoint. GPU only (Gluon has no interpreter);
+:func:`wgmma_quantize_unsupported` says what it does not read. TurboQuant_prod (Algorithm 2) runs in the same kernel
+(:func:`quantize_prod_wgmma`).
 """
 from __future__ import annotations
 

@@ -160,7 +160,8 @@ def decode_attention_groups_triton(
             codebook), ``"prmt"`` (byte-permute lookups for 3- and 4-bit groups in inline PTX: GPU only), or
             ``"auto"`` (``"prmt"`` on CUDA for symmetric codebooks, else ``"table"``: ``_decode.resolve_decoder``).
             The register-operand kernel takes ``"prmt"``, ``"lut"`` (two codes per load from a pair table in shared
-            memory, a copy per two lanes: 4-bit keys and values of one codebook) or ``"auto"`` (``"lut"`` where it
+            memory, a copy per two lanes: 4-bit keys and values of one codebook), ``"lut-keys"`` / ``"lut-values"``
+            (the table for that stream, byte permutes for the other) or ``"auto"`` (``"lut"`` where it
             serves the cache and each split covers enough tiles to repay the table's fill, else ``"prmt"``;
             :func:`.mma.resolve_mma_decoder`).
         inner: the multiply of the inner loop: ``"dot"`` (tensor cores, the GQA group padded to 16 rows) or

@@ -169,7 +169,8 @@ def mma_split_kernel(
     loads issued before this tile is decoded (a register double buffer). ``DECODER``: ``"prmt"``, byte-permute
     lookups in registers (``*_tables``), or ``"lut"`` (4-bit keys and values of one codebook): two codes per load from
     shared-memory copies of ``pair_table_ptr`` (``_decode.pair_lut_table``, 256 int32; unread by ``"prmt"``), a copy
-    per two lanes so that at most two lanes' lookups share a bank. ``ROW_LOADS`` (one channel group per stream, rows
+    per two lanes so that at most two lanes' lookups share a bank; ``"lut-keys"`` / ``"lut-values"``: ``"lut"`` for
+    that stream, ``"prmt"`` for the other (:func:`stream_decoder`). ``ROW_LOADS`` (one channel group per stream, rows
     aligned for it: :func:`~turboquant.kernels._mma.row_loads_serve`): a tile's code words are loaded by
     :func:`~turboquant.kernels._mma.tile_words`, one address per lane and immediate offsets (``K_ROW`` / ``V_ROW``,
     the words per token row, ``k_strides[2]`` / ``v_strides[2]``), else through per-element pointers. ``PDL``
@@ -326,7 +327,8 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
     rows = (k_strides[0][2], v_strides[0][2]) if rows_serve else None
     mma_split_kernel[(batch, n_kv_heads, num_splits)](
         q_rot, k, kn, v, vn, k0, kn0, v0, vn0, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
-        *cache_format.mma_tables, cache_format.mma_pair_table if decoder.startswith("lut") else seq_lens, tokens_per_split,
+        *cache_format.mma_tables, cache_format.mma_pair_table if decoder.startswith("lut") else seq_lens,
+        tokens_per_split,
         q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0], v_strides[1], k_strides[2], k_strides[3],
         v_strides[2], v_strides[3], part_out.stride()[:3], part_lse.stride()[:2], scale_log2,
         **_meta(n_heads // n_kv_heads, block_n, stages, key_bits, value_bits, decoder, rows), PDL=pdl,
@@ -350,7 +352,8 @@ LUT_MIN_TILES = 20  # tiles per split from which "auto" takes "lut": its table i
 def resolve_mma_decoder(decoder: str, cache_format: CacheFormat, tiles_per_split: int) -> str:
     """The register-operand kernel's decoder: ``"prmt"`` (byte-permute lookups in registers, every layout the kernel
     reads) or ``"lut"`` (two codes per load from a shared-memory table: 4-bit keys and values of one channel group and
-    one codebook, :attr:`CacheFormat.mma_pair_table`). ``"auto"`` takes ``"lut"`` where it serves the cache and a
+    one codebook, :attr:`CacheFormat.mma_pair_table`), or the table for one stream alone (``"lut-keys"``,
+    ``"lut-values"``: :func:`stream_decoder`). ``"auto"`` takes ``"lut"`` where it serves the cache and a
     split covers at least :data:`LUT_MIN_TILES` tiles (``tiles_per_split``; the table's fill is paid once per program,
     the lookups' saving once per tile: benchmarks/NOTES.md, Session 32), else ``"prmt"``. ValueError naming the reason
     for a decoder that cannot serve the cache."""
