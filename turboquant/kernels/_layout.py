@@ -65,6 +65,18 @@ def as_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
     return (rows if rows.stride(-1) == 1 else rows.contiguous()), x.shape[:-1]
 
 
+SHARED_PER_SM = 228 * 1024  # shared memory of an SM on sm_90 (where torch does not report it)
+SHARED_RESERVE_PER_BLOCK = 1024  # what the CUDA runtime keeps of it for each resident block
+
+
+def blocks_fitting_shared_memory(device: torch.device, block_bytes: int) -> int:
+    """How many blocks taking ``block_bytes`` of shared memory each fit one SM of ``device`` at once (the runtime's
+    reserve per block included; off CUDA, an sm_90 SM's :data:`SHARED_PER_SM`)."""
+    per_sm = (getattr(torch.cuda.get_device_properties(device), "shared_memory_per_multiprocessor", SHARED_PER_SM)
+              if device.type == "cuda" else SHARED_PER_SM)
+    return per_sm // (block_bytes + SHARED_RESERVE_PER_BLOCK)
+
+
 def pow2_at_least(n: int, floor: int = 16) -> int:
     """Smallest power of two ``>= max(n, floor)`` (tile sizes; ``tl.dot`` needs every side >= 16)."""
     return max(floor, triton.next_power_of_2(n))

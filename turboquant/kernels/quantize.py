@@ -284,6 +284,18 @@ def wgmma_unsupported(x: torch.Tensor, bits: int) -> str | None:
 STAGINGS = ("registers", "tma")  # how the wgmma kernel's rows reach its product (quantize_mse_triton's ``staging``)
 
 
+def staged_kernel(kernel: str, staging: str) -> str:
+    """``kernel`` as ``staging`` leaves it: ``"tma"`` is the wgmma kernel's (``"auto"`` takes it, ``"tiles"`` is
+    refused); ValueError for a staging not in :data:`STAGINGS`."""
+    if staging not in STAGINGS:
+        raise ValueError(f"staging must be one of {STAGINGS}, got {staging!r}")
+    if staging != "tma":
+        return kernel
+    if kernel == "tiles":
+        raise ValueError("staging='tma' is the wgmma kernel's; the tile kernel loads its rows into registers")
+    return "wgmma" if kernel == "auto" else kernel
+
+
 def quantize_mse_triton(
     x: torch.Tensor,
     rotation_matrix: torch.Tensor,
@@ -338,14 +350,9 @@ def quantize_mse_triton(
         raise ValueError(f"{bits}-bit codebook needs {2 ** bits - 1} boundaries")
     if nearest not in (None, "table", "tree"):
         raise ValueError(f"nearest must be None, 'table' or 'tree', got {nearest!r}")
-    if staging not in STAGINGS:
-        raise ValueError(f"staging must be one of {STAGINGS}, got {staging!r}")
-    if kernel == "auto" and staging == "tma":
-        kernel = "wgmma"
+    kernel = staged_kernel(kernel, staging)
     if kernel == "auto" and (nearest is not None or not lookup):
         kernel = "tiles"  # the tile kernel's own options were asked for
-    if kernel == "tiles" and staging == "tma":
-        raise ValueError("staging='tma' is the wgmma kernel's; the tile kernel loads its rows into registers")
     if kernel == "wgmma" and (nearest is not None or not lookup):
         raise ValueError("the wgmma quantize kernel has one nearest-centroid step (the midpoint tree on fp16 pairs) "
                          f"and always looks up; nearest and lookup are the tile kernel's options, got "

@@ -33,11 +33,11 @@ from ._layout import (
     store_group_words,
 )
 from .quantize import (
-    STAGINGS,
     _as_numpy,
     _check_inputs,
     _codes,
     nearest_operands,
+    staged_kernel,
     stream_rotation,
     wgmma_unsupported,
 )
@@ -153,14 +153,9 @@ def quantize_prod_triton(
                              f"{2 ** mse_bits} centroids")
     if nearest not in (None, "table", "tree"):
         raise ValueError(f"nearest must be None, 'table' or 'tree', got {nearest!r}")
-    if staging not in STAGINGS:
-        raise ValueError(f"staging must be one of {STAGINGS}, got {staging!r}")
-    if kernel == "auto" and staging == "tma":
-        kernel = "wgmma"
+    kernel = staged_kernel(kernel, staging)
     if kernel == "auto" and nearest is not None:
         kernel = "tiles"  # the tile kernel's own option was asked for
-    if kernel == "tiles" and staging == "tma":
-        raise ValueError("staging='tma' is the wgmma kernel's; the tile kernel loads its rows into registers")
     if kernel == "wgmma" and nearest is not None:
         raise ValueError("the wgmma prod kernel has one nearest-centroid step (the midpoint tree on fp16 pairs); "
                          f"nearest is the tile kernel's option, got nearest={nearest!r}")

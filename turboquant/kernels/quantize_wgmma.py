@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..packing import packed_size
-from ._layout import as_rows
+from ._layout import as_rows, blocks_fitting_shared_memory
 
 # The TMA load into shared memory: async_copy_global_to_shared up to Triton 3.6 (the device image), async_load after
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -61,7 +61,6 @@ SHARED_B = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bit
 SHARED_ROWS = SHARED_B  # a (64, 128) tile of 16-bit rows staged by TMA: wgmma's shared-memory A operand, K-major
 ROW_TILE_BYTES = gl.constexpr(64 * HEAD_DIM * 2)  # one such tile
 OPERAND_BYTES = HEAD_DIM * HEAD_DIM * 2  # one (128, 128) 16-bit B operand in shared memory
-SHARED_PER_SM = 227 * 1024  # shared memory a block may take on sm_90
 
 
 @gluon.constexpr_function
@@ -276,6 +275,13 @@ def _load_rows(x_ptr, rows, cols, n_rows, stride_x):
 
 
 @gluon.jit
+def _store_norms(norm, rows, norms_ptr, n_rows):
+    """Store the rows' norms (``rows`` their indices, in ``norm``'s layout) and return 1 / n (0 for a zero row)."""
+    gl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=rows < n_rows)
+    return gl.where(norm > 0, 1.0 / gl.maximum(norm, 1e-30), 0.0)
+
+
+@gluon.jit
 def _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code_words_ptr, n_rows, stride_words,
                sign_words_ptr, residual_norms_ptr, stride_sign_words, BITS: gl.constexpr, PROD: gl.constexpr):
     """Codes of the unit rows' rotations ``y`` ((64, 128) in :data:`ACC`) of tile ``tile``, stored; with ``PROD`` the
@@ -347,8 +353,7 @@ def quantize_wgmma_kernel(x_src, b_ptr, b_low_ptr, mid_ptr, code_words_ptr, norm
             tile = pid + i * n_programs
             y, norm = _staged_product(x_smem, ready, i % TMA_STAGES, (i // TMA_STAGES) & 1, b, b_low, SPLIT_B)
             rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
-            gl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=rows < n_rows)
-            y = y * gl.where(norm > 0, 1.0 / gl.maximum(norm, 1e-30), 0.0)[:, None]
+            y = y * _store_norms(norm, rows, norms_ptr, n_rows)[:, None]
             _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code_words_ptr, n_rows,
                        stride_words, sign_words_ptr, residual_norms_ptr, stride_sign_words, BITS, PROD)
         for slot in gl.static_range(TMA_STAGES):
@@ -366,9 +371,7 @@ def quantize_wgmma_kernel(x_src, b_ptr, b_low_ptr, mid_ptr, code_words_ptr, norm
             else:
                 x = _load_rows(x_src, rows, cols, n_rows, stride_x)
             xf = x.to(gl.float32)
-            norm = gl.sqrt(gl.sum(xf * xf, axis=1))
-            gl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=rows < n_rows)
-            inv = gl.where(norm > 0, 1.0 / gl.maximum(norm, 1e-30), 0.0)
+            inv = _store_norms(gl.sqrt(gl.sum(xf * xf, axis=1)), rows, norms_ptr, n_rows)
             unit = gl.convert_layout((xf * inv[:, None]).to(gl.float16), OPERAND_A)
             y = warpgroup_mma(unit, b, gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
             _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code_words_ptr, n_rows,
@@ -458,8 +461,8 @@ def _launch(rows: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.nd
         x_src = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [BLOCK_M.value, HEAD_DIM],
                                  SHARED_ROWS.value)
         operands = (1 if b_low is None else 2) + (prod is not None)
-        shared = operands * OPERAND_BYTES + tma_stages * ROW_TILE_BYTES.value + 1024  # the runtime's reserve per block
-        programs_per_sm = max(1, min(programs_per_sm, SHARED_PER_SM // shared))
+        shared = operands * OPERAND_BYTES + tma_stages * ROW_TILE_BYTES.value
+        programs_per_sm = max(1, min(programs_per_sm, blocks_fitting_shared_memory(rows.device, shared)))
     n_sm = torch.cuda.get_device_properties(rows.device).multi_processor_count if rows.is_cuda else 4
     grid = (min(triton.cdiv(n_rows, BLOCK_M.value), programs_per_sm * n_sm),)
     quantize_wgmma_kernel[grid](x_src, b, b if b_low is None else b_low, mids, codes.view(torch.int32), norms,

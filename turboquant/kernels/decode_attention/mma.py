@@ -35,6 +35,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .._decode import PAIR_LUT_BYTES
+from .._layout import blocks_fitting_shared_memory
 from .._mma import (
     MMA,
     OPERAND_B,
@@ -382,7 +383,6 @@ def _meta(group: int, block_n: int, stages: int, key_bits: int, value_bits: int,
 
 
 MAX_BLOCKS_PER_SM = 32  # resident thread blocks per SM on sm_80 - sm_90
-SHARED_PER_SM = 228 * 1024  # shared memory of an SM on sm_90 (where torch does not report it)
 
 
 @functools.cache
@@ -390,7 +390,7 @@ def resident_programs(device_index: int, group: int, block_n: int, stages: int, 
                       decoder: str = "prmt") -> int:
     """One-warp programs of :func:`mma_split_kernel` that fit on one SM at once: the SM's registers over the
     kernel's (compiled once, fp16 norms; ptxas allocates registers per warp in units of 256) and its shared memory
-    over the kernel's (Triton's, the ``"lut"`` decoder's static table, and 1 KB the runtime reserves per block), at
+    over the kernel's (Triton's and the ``"lut"`` decoder's static table: :func:`blocks_fitting_shared_memory`), at
     most :data:`MAX_BLOCKS_PER_SM`."""
     from triton.runtime.jit import MockTensor
 
@@ -405,11 +405,10 @@ def resident_programs(device_index: int, group: int, block_n: int, stages: int, 
         compiled._init_handles()  # loads the binary, which is when Triton reads its register count
     props = torch.cuda.get_device_properties(device_index)
     registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
-    shared_per_sm = getattr(props, "shared_memory_per_multiprocessor", SHARED_PER_SM)
+    shared = compiled.metadata.shared + (PAIR_LUT_BYTES if decoder.startswith("lut") else 0)
     return max(1, min(MAX_BLOCKS_PER_SM, props.max_threads_per_multi_processor // 32,
                       props.regs_per_multiprocessor // registers_per_warp,
-                      shared_per_sm // (compiled.metadata.shared + (PAIR_LUT_BYTES if decoder.startswith("lut") else 0)
-                                        + 1024)))
+                      blocks_fitting_shared_memory(torch.device("cuda", device_index), shared)))
 
 
 def default_mma_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device, block_n: int,
