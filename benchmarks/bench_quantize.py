@@ -36,8 +36,8 @@ def check_quantize(x, rot, cb, bits, **kw) -> str:
 
 
 def bench_quantize(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[Row]:
-    """Every variant at the first (dim, bits) and dtype (at every width with ``sizes.all_widths``); the first variant
-    at the other widths and dtypes."""
+    """Every variant at the first (dim, bits) and dtype (with ``sizes.all_widths``, at every width and, at the first
+    width, every dtype); the first variant at the other widths and dtypes."""
     from turboquant.codebook import lloyd_max_codebook
     from turboquant.kernels.quantize import quantize_mse_triton
     from turboquant.rotation import make_rotation
@@ -49,7 +49,7 @@ def bench_quantize(bench: Bench, sizes: Any, variants: dict[str, dict]) -> list[
     first = dict(list(variants.items())[:1])
     others = variants if sizes.get("all_widths", False) else first
     cases = [(dims_bits[0], dtypes[0], variants)] + [(db, dtypes[0], others) for db in dims_bits[1:]]
-    cases += [(dims_bits[0], dtype, first) for dtype in dtypes[1:]]
+    cases += [(dims_bits[0], dtype, others) for dtype in dtypes[1:]]
     for (dim, bits), dtype, chosen in cases:
         cb = lloyd_max_codebook(dim, bits)
         rot = make_rotation("haar", dim, seed=0, device=bench.device).matrix()

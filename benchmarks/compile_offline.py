@@ -173,10 +173,6 @@ def _session5_calls(ops: list[str]):
                 decode_attention_triton(torch.randn(1, 32, dim, generator=gen), codes, norms, codes, norms,
                                         torch.tensor([64], dtype=torch.int32), k_centroids=cb, v_centroids=cb,
                                         k_bits=4, v_bits=4, rotation=rot, num_splits=1, kernel="mma", decoder=decoder)
-            label["now"] = "decode K4V4 mma bn32 prefetch pdl"  # the chain's launches as programmatic dependents
-            decode_attention_triton(torch.randn(1, 32, dim, generator=gen), codes, norms, codes, norms,
-                                    torch.tensor([64], dtype=torch.int32), k_centroids=cb, v_centroids=cb, k_bits=4,
-                                    v_bits=4, rotation=rot, num_splits=1, kernel="mma", pdl=True)
             label["now"] = "scores b=4 mma"
             mse_scores_triton(torch.randn(8, 4, dim, generator=gen), codes[0], norms[0], cb, 4, kernel="mma")
             cb3 = tq.lloyd_max_codebook(dim, 3).centroids_tensor()

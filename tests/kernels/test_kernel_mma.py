@@ -214,7 +214,7 @@ def test_lut_serves_4_bit_streams_of_one_codebook_and_auto_takes_it_for_long_spl
     assert resolve_mma_decoder("lut", four, 1) == "lut"
     assert resolve_mma_decoder("lut-keys", four, 1) == "lut-keys" and resolve_mma_decoder("lut-values", four, 1)
     assert torch.equal(four.mma_pair_table, pair_lut_table(tq.lloyd_max_codebook(128, 4).centroids_tensor()))
-    assert resolve_mma_decoder("auto", four, LUT_MIN_TILES) == "lut"
+    assert resolve_mma_decoder("auto", four, LUT_MIN_TILES) == "lut-keys"
     assert resolve_mma_decoder("auto", four, LUT_MIN_TILES - 1) == "prmt"  # too few tiles to repay the fill
     assert resolve_mma_decoder("prmt", four, 10 * LUT_MIN_TILES) == "prmt"
     for key_bits, value_bits in ((3, 3), (4, 3)):
@@ -389,17 +389,6 @@ def test_auto_takes_the_tile_kernel_where_mma_cannot_serve() -> None:
         decode_kernel("fast", None, None)
 
 
-def test_pdl_is_the_register_operand_chains() -> None:
-    from turboquant.kernels.decode_attention import decode_attention_groups_triton
-
-    cb = tq.lloyd_max_codebook(128, 4).centroids_tensor()
-    group = [ChannelGroup(128, 4, tq.make_rotation("haar", 128, seed=0).matrix(), cb)]
-    fields = [group[0].packed(torch.zeros(1, 2, 8, 64, dtype=torch.uint8), torch.ones(1, 2, 8))]
-    with pytest.raises(ValueError, match="pdl=True chains the register-operand kernel's launches"):
-        decode_attention_groups_triton(torch.randn(1, 8, 128), fields, fields, torch.tensor([8], dtype=torch.int32),
-                                       CacheFormat.build(group, group, "cpu"), kernel="tiles", pdl=True)
-
-
 def test_launch_names_the_refusal(device) -> None:
     from turboquant.kernels.decode_attention import decode_attention_groups_triton
 
@@ -451,7 +440,7 @@ def test_offline_compile_for_sm90_keeps_operands_in_registers() -> None:
     keys = [k.strip() for k in header.strip("|").split("|")]
     rows = [dict(zip(keys, (c.strip() for c in line.strip("|").split("|")))) for line in run.stdout.splitlines()
             if "mma_split_kernel" in line or "mma_scores_kernel" in line]
-    assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 8 + ["mma_scores_kernel"]  # 4-bit variants
+    assert [row["kernel"] for row in rows] == (["mma_split_kernel"] * 7 + ["mma_scores_kernel"]  # 4-bit variants
                                                + ["mma_split_kernel"] * 2 + ["mma_scores_kernel"]  # K3V3, K4V3, b=3
                                                + ["mma_split_kernel"])  # the 3.5-bit split
     for row in rows:
@@ -543,10 +532,7 @@ def test_mma_kernels_replay_in_a_cuda_graph() -> None:
     seq_lens = torch.tensor([300, 123], dtype=torch.int32, device="cuda")
     calls = {"scores": lambda: mse_scores_triton(q[0, None, :4], codes[0, 0, None], norms[0, 0, None], cb, 4,
                                                  kernel="mma"),
-             "decode": lambda: decode_attention_groups_triton(q, fields, fields, seq_lens, cache_format, kernel="mma"),
-             # the same chain as programmatic dependent launches (the graph keeps their edges): the same bits
-             "decode, pdl": lambda: decode_attention_groups_triton(q, fields, fields, seq_lens, cache_format,
-                                                                   kernel="mma", pdl=True)}
+             "decode": lambda: decode_attention_groups_triton(q, fields, fields, seq_lens, cache_format, kernel="mma")}
     for name, call in calls.items():
         call()
         torch.cuda.synchronize()
@@ -557,7 +543,6 @@ def test_mma_kernels_replay_in_a_cuda_graph() -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, call()), name
-    assert torch.equal(calls["decode"](), calls["decode, pdl"]())
 
 
 def test_mma_scores_refusals() -> None:

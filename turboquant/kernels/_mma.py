@@ -402,16 +402,6 @@ def split_value_slots(outlier_rows, rows, tokens, tok_mask, slot, outlier_stride
     return cut_split_value_slots(gather_words(pair, pair_live), gather_words(outlier, outlier_live), slot, BLOCK_N)
 
 
-@gluon.jit
-def grid_dependency_wait():
-    """Under programmatic dependent launch: wait until the kernel launched before this one has completed and its
-    writes are visible (``griddepcontrol.wait``), then let the kernel after this one launch
-    (``griddepcontrol.launch_dependents``; it still waits for this one before reading what it writes). Both are no-ops
-    in a kernel launched without it."""
-    gl.inline_asm_elementwise("griddepcontrol.wait;\ngriddepcontrol.launch_dependents;\nmov.u32 $0, 0;", "=r", [],
-                              dtype=gl.int32, is_pure=False, pack=1)
-
-
 LUT_ENTRIES = gl.constexpr(gl.BlockedLayout([1, 8], [32, 1], [1, 1], [1, 0]))  # lane l: entries 8l .. 8l + 7
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._decode import (CHANNEL_ORDER_MIN_TOKENS, channel_order_tile, code_values, nibble_pair_values,
                       three_bit_group_values)
@@ -298,16 +297,11 @@ def merge_kernel(
     part_out_ptr, part_lse_ptr, o_rot_ptr, lse_ptr, n_splits, dim,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_rb, stride_rh, stride_eb,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, SLICE: tl.constexpr, WRITE_LSE: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """Merge the splits of (batch row, KV head) for its GQA group of query heads and channels ``program_id(2) * SLICE``
     onward of the rotated output, in one pass over the splits (``BLOCK_S`` at a time, a running maximum of their
     log2-sum-exps as in the split kernel's softmax): ``o_rot = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M)``. With
-    WRITE_LSE (slice 0) also store the natural log-sum-exp of the scaled logits over all splits (-inf for none).
-    ``PDL`` (launched as a programmatic dependent of the split kernel): wait for it before the first read."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    WRITE_LSE (slice 0) also store the natural log-sum-exp of the scaled logits over all splits (-inf for none)."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -348,18 +342,13 @@ def rotate_kernel(
     x_ptr, mat_ptr, perm_ptr, out_ptr, dim, cols,
     stride_xb, stride_xh, stride_ad, stride_aj, stride_ob, stride_oh, stride_mb, stride_mh,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_J: tl.constexpr, PERMUTE: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """Output columns ``program_id(2) * BLOCK_J`` onward of the GQA group of (batch row, KV head):
     ``out = x @ mat`` for the group's rows of ``x`` (any float dtype, summed in float32; ``mat`` (dim, cols) float32,
     strides ``stride_ad``, ``stride_aj``), written in the output's dtype. ``PERMUTE``: ``"none"``; ``"input"``: x's
     columns gathered through the (batch row, KV head)'s channel order, ``x_P[d] = x[perm[d]]`` (the query in a split
     cache's key order); ``"output"``: the output scattered through it, ``out[perm[j]] = o[j]`` (the merged output
-    back in the model's value order). ``PDL`` (launched as a programmatic dependent of the kernel before it): wait
-    for that kernel before the first read, then let the next kernel launch."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    back in the model's value order)."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)

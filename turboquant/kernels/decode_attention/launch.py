@@ -136,7 +136,6 @@ def decode_attention_groups_triton(
     inner: str = "dot",
     kernel: str = "auto",
     return_lse: bool = False,
-    pdl: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of one new query token per sequence over a packed cache of channel groups (module docstring).
 
@@ -174,10 +173,6 @@ def decode_attention_groups_triton(
             :func:`.mma.default_mma_splits`) or ``"auto"``: ``"mma"`` where it serves, else ``"tiles"``
             (``turboquant.backends.decode_kernel``); ``"tiles"`` as well when ``decoder``, ``inner`` or ``lookup`` is
             not its default.
-        pdl: launch the register-operand kernel's chain (the query's rotation, the split kernel, the merge, the
-            output's rotation) with programmatic dependent launch (Hopper; CUDA graphs keep it): each kernel may
-            start while the one before it ends and waits for it (``griddepcontrol.wait``) before reading what it
-            wrote; the split kernel loads its first tile meanwhile. ``kernel="mma"`` only.
         return_lse: also return ``log sum_t exp(scale * <q, k~_t>)`` per (row, query head), float32
             (batch, query_heads), ``-inf`` for a row without tokens: what an exact merge with attention over
             other tokens needs (``o = sum_i exp(lse_i - lse) o_i``, ``lse = log sum_i exp(lse_i)``).
@@ -192,13 +187,10 @@ def decode_attention_groups_triton(
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     plan = split_plan(cache_format, batch, n_heads, n_kv_heads, max_tokens, q.device, kernel=kernel, decoder=decoder,
                       inner=inner, lookup=lookup, block_n=block_n, num_splits=num_splits, num_stages=num_stages)
-    if pdl and plan.kernel != "mma":
-        raise ValueError(f"pdl=True chains the register-operand kernel's launches; this call runs the {plan.kernel!r} "
-                         "kernel")
     # q_P (the GQA group of query heads shares its KV head's channel order) times the kernel's query map, fp16
     query_map = cache_format.mma_query_map if plan.kernel == "mma" else cache_format.query_map
     q_mapped = torch.empty((batch, n_heads, query_map.shape[1]), dtype=torch.float16, device=q.device)
-    _rotate(q, query_map, q_mapped, group, key_permutation, "input", pdl)
+    _rotate(q, query_map, q_mapped, group, key_permutation, "input")
     tokens_per_split, num_splits = plan.tokens_per_split, plan.num_splits
     part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q.device)
@@ -206,18 +198,18 @@ def decode_attention_groups_triton(
         from .mma import mma_split
 
         mma_split(q_mapped, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split,
-                  plan.block_n, scale * math.log2(math.e), num_stages, plan.decoder, pdl)
+                  plan.block_n, scale * math.log2(math.e), num_stages, plan.decoder)
     else:
         _tiles_split(q_mapped, keys, values, seq_lens, cache_format, part_out, part_lse, tokens_per_split, scale,
                      group, plan.block_n, plan.decoder if lookup else "none", inner, num_warps, num_stages)
-    return _combine(part_out, part_lse, cache_format, value_permutation, q.dtype, group, return_lse, pdl)
+    return _combine(part_out, part_lse, cache_format, value_permutation, q.dtype, group, return_lse)
 
 
 def _rotate(x: torch.Tensor, mat: torch.Tensor, out: torch.Tensor, group: int, permutation: torch.Tensor | None,
-            permute: str, pdl: bool) -> None:
+            permute: str) -> None:
     """Launch :func:`.kernel.rotate_kernel`: ``out[b, h] = x[b, h] @ mat`` per GQA group of ``group`` heads, x's
     columns gathered through ``permutation`` (batch, kv_heads, dim) when ``permute="input"``, out's scattered through
-    it when ``"output"``; no permutation when it is None; ``pdl``: a programmatic dependent launch (its ``PDL``)."""
+    it when ``"output"``; no permutation when it is None."""
     x = _row_contiguous(x)
     batch, n_heads, dim = x.shape
     cols = mat.shape[1]
@@ -230,8 +222,7 @@ def _rotate(x: torch.Tensor, mat: torch.Tensor, out: torch.Tensor, group: int, p
     rotate_kernel[(batch, n_heads // group, triton.cdiv(cols, block_j))](
         x, mat, permutation, out, dim, cols, x.stride(0), x.stride(1), mat.stride(0), mat.stride(1), out.stride(0),
         out.stride(1), permutation.stride(0), permutation.stride(1),
-        GROUP=group, BLOCK_M=rows, BLOCK_D=block_d, BLOCK_J=block_j, PERMUTE=permute, PDL=pdl, num_warps=4,
-        launch_pdl=pdl,
+        GROUP=group, BLOCK_M=rows, BLOCK_D=block_d, BLOCK_J=block_j, PERMUTE=permute, num_warps=4,
     )
 
 
@@ -261,9 +252,9 @@ def _tiles_split(q_stages: torch.Tensor, keys: Sequence[QuantizedVectors], value
 
 def _combine(part_out: torch.Tensor, part_lse: torch.Tensor, cache_format: CacheFormat,
              value_permutation: torch.Tensor | None, dtype: torch.dtype, group: int,
-             return_lse: bool, pdl: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+             return_lse: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Launch :func:`.kernel.merge_kernel` and :func:`.kernel.rotate_kernel`: the splits merged, rotated back and
-    un-permuted (``pdl``: as programmatic dependents)."""
+    un-permuted."""
     batch, n_heads, num_splits, dim = part_out.shape
     device = part_out.device
     o_rot = torch.empty((batch, n_heads, dim), dtype=torch.float32, device=device)
@@ -276,9 +267,9 @@ def _combine(part_out: torch.Tensor, part_lse: torch.Tensor, cache_format: Cache
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         o_rot.stride(0), o_rot.stride(1), lse.stride(0),
         GROUP=group, BLOCK_M=rows, BLOCK_S=min(max(1, _COMBINE_TILE // (rows * slice_)), pow2_at_least(num_splits, 1)),
-        SLICE=slice_, WRITE_LSE=return_lse, PDL=pdl, num_warps=4, launch_pdl=pdl,
+        SLICE=slice_, WRITE_LSE=return_lse, num_warps=4,
     )
-    _rotate(o_rot, cache_format.value_rotation, out, group, value_permutation, "output", pdl)
+    _rotate(o_rot, cache_format.value_rotation, out, group, value_permutation, "output")
     return (out, lse) if return_lse else out
 
 

@@ -53,7 +53,6 @@ from .._mma import (
     decoded_values,
     fill_pair_lut,
     gather_words,
-    grid_dependency_wait,
     key_slot_source,
     key_words_layout,
     row_loads_serve,
@@ -156,7 +155,7 @@ def mma_split_kernel(
     vn0_strides, part_strides, lse_strides, scale_log2,
     GROUP: gl.constexpr, HEADS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, KEY_BITS: gl.constexpr,
     VALUE_BITS: gl.constexpr, DECODER: gl.constexpr, K_ROW: gl.constexpr, V_ROW: gl.constexpr,
-    ROW_LOADS: gl.constexpr, PDL: gl.constexpr,
+    ROW_LOADS: gl.constexpr,
 ):
     """One (batch row, KV head, split), one warp. ``q_ptr``: (batch, query heads, 128) fp16 rotated queries in
     :func:`key_channel_order`; ``k_words_ptr`` / ``v_words_ptr``: the packed code rows as int32 words, strides in
@@ -174,10 +173,7 @@ def mma_split_kernel(
     that stream, ``"prmt"`` for the other (:func:`stream_decoder`). ``ROW_LOADS`` (one channel group per stream, rows
     aligned for it: :func:`~turboquant.kernels._mma.row_loads_serve`): a tile's code words are loaded by
     :func:`~turboquant.kernels._mma.tile_words`, one address per lane and immediate offsets (``K_ROW`` / ``V_ROW``,
-    the words per token row, ``k_strides[2]`` / ``v_strides[2]``), else through per-element pointers. ``PDL``
-    (launched as a programmatic dependent of the query's rotation): the table's fill and the first tile's loads (the
-    cache, written before that kernel ran) overlap its tail; the query is read after
-    :func:`~turboquant.kernels._mma.grid_dependency_wait`."""
+    the words per token row, ``k_strides[2]`` / ``v_strides[2]``), else through per-element pointers."""
     SPLIT: gl.constexpr = KEY_BITS == SPLIT_43
     b = gl.program_id(0).to(gl.int64)
     kv_head = gl.program_id(1)
@@ -217,8 +213,6 @@ def mma_split_kernel(
         k_loaded, v_loaded, o_loaded = _tile_loads(
             k_words, v_words, k0_words, v0_words, start, end, k_tok, k_slot, v_tok, v_slot, k_strides, v_strides,
             k0_strides, v0_strides, BLOCK_N, KEY_BITS, VALUE_BITS, SPLIT, K_ROW, V_ROW, ROW_LOADS)
-    if PDL:
-        grid_dependency_wait()
     k_rows = gl.arange(0, 128, layout=gl.SliceLayout(1, ROWS))
     h_cols = gl.arange(0, HEADS, layout=gl.SliceLayout(0, ROWS))
     q_t = gl.load(q_ptr + b * q_strides[0] + (kv_head * GROUP + h_cols)[None, :] * q_strides[1] + k_rows[:, None],
@@ -312,13 +306,11 @@ def _stream_args(groups: Sequence[QuantizedVectors]) -> tuple:
 
 def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Sequence[QuantizedVectors],
               seq_lens: torch.Tensor, cache_format: CacheFormat, part_out: torch.Tensor, part_lse: torch.Tensor,
-              tokens_per_split: int, block_n: int, scale_log2: float, stages: int, decoder: str,
-              pdl: bool = False) -> None:
+              tokens_per_split: int, block_n: int, scale_log2: float, stages: int, decoder: str) -> None:
     """Launch :func:`mma_split_kernel` over ``part_out`` (batch, query heads, splits, 128) / ``part_lse``.
     ``q_rot``: (batch, query heads, 128) fp16 rotated queries in the key order
     (:attr:`CacheFormat.mma_query_map`); ``keys`` / ``values``: each stream's channel groups (outliers first);
-    ``stages``, ``decoder``: the kernel's ``STAGES`` and ``DECODER`` (:func:`resolve_mma_decoder`); ``pdl``: launched
-    as a programmatic dependent of the kernel before it (``PDL``)."""
+    ``stages``, ``decoder``: the kernel's ``STAGES`` and ``DECODER`` (:func:`resolve_mma_decoder`)."""
     batch, n_heads, _ = q_rot.shape
     n_kv_heads, num_splits = keys[0].codes.shape[1], part_out.shape[2]
     (k, kn, k0, kn0), k_strides = _stream_args(keys)
@@ -332,8 +324,7 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
         tokens_per_split,
         q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0], v_strides[1], k_strides[2], k_strides[3],
         v_strides[2], v_strides[3], part_out.stride()[:3], part_lse.stride()[:2], scale_log2,
-        **_meta(n_heads // n_kv_heads, block_n, stages, key_bits, value_bits, decoder, rows), PDL=pdl,
-        launch_pdl=pdl,
+        **_meta(n_heads // n_kv_heads, block_n, stages, key_bits, value_bits, decoder, rows),
     )
 
 
@@ -347,16 +338,19 @@ def stream_decoder(decoder: str, stream: str) -> str:
     if decoder in ("lut-keys", "lut-values"):
         return "lut" if decoder == f"lut-{stream}s" else "prmt"
     return decoder
-LUT_MIN_TILES = 20  # tiles per split from which "auto" takes "lut": its table is filled once per program
+
+
+LUT_MIN_TILES = 20  # tiles per split from which "auto" takes the table: it is filled once per program
 
 
 def resolve_mma_decoder(decoder: str, cache_format: CacheFormat, tiles_per_split: int) -> str:
     """The register-operand kernel's decoder: ``"prmt"`` (byte-permute lookups in registers, every layout the kernel
     reads) or ``"lut"`` (two codes per load from a shared-memory table: 4-bit keys and values of one channel group and
     one codebook, :attr:`CacheFormat.mma_pair_table`), or the table for one stream alone (``"lut-keys"``,
-    ``"lut-values"``: :func:`stream_decoder`). ``"auto"`` takes ``"lut"`` where it serves the cache and a
-    split covers at least :data:`LUT_MIN_TILES` tiles (``tiles_per_split``; the table's fill is paid once per program,
-    the lookups' saving once per tile: benchmarks/NOTES.md, Session 32), else ``"prmt"``. ValueError naming the reason
+    ``"lut-values"``: :func:`stream_decoder`). ``"auto"`` takes ``"lut-keys"`` where the table serves the
+    cache and a split covers at least :data:`LUT_MIN_TILES` tiles (``tiles_per_split``; the table's fill is paid once
+    per program, the lookups' saving once per tile: benchmarks/NOTES.md, Sessions 32 and 37; the keys' lookups
+    alone, the values' by permutes, were the fastest of the four at the long splits), else ``"prmt"``. ValueError naming the reason
     for a decoder that cannot serve the cache."""
     if decoder not in MMA_DECODERS:
         raise ValueError(f"the register-operand kernel's decoder must be one of {MMA_DECODERS}, got {decoder!r}")
@@ -365,7 +359,7 @@ def resolve_mma_decoder(decoder: str, cache_format: CacheFormat, tiles_per_split
         raise ValueError(f"decoder={decoder!r} reads 4-bit keys and values of one channel group sharing one codebook; "
                          f"this cache is {cache_format.mma_bits} bits, or its streams' codebooks differ")
     if decoder == "auto":
-        return "lut" if lut_serves and tiles_per_split >= LUT_MIN_TILES else "prmt"
+        return "lut-keys" if lut_serves and tiles_per_split >= LUT_MIN_TILES else "prmt"
     return decoder
 
 
@@ -401,7 +395,7 @@ def resident_programs(device_index: int, group: int, block_n: int, stages: int, 
         compiled = mma_split_kernel.warmup(
             f16, i32, f16, i32, f16, i32, f16, i32, f16, i32, i32, f32, f32, tables, tables, i32, 1024,
             (4096, 128), words, norms, words, norms, words, norms, words, norms, words, (4096, 64), 1.0, grid=(1,),
-            **_meta(group, block_n, stages, *bits, decoder, (words[2], words[2])), PDL=False)
+            **_meta(group, block_n, stages, *bits, decoder, (words[2], words[2])))
         compiled._init_handles()  # loads the binary, which is when Triton reads its register count
     props = torch.cuda.get_device_properties(device_index)
     registers_per_warp = -(-compiled.n_regs * 32 // 256) * 256
@@ -411,13 +405,16 @@ def resident_programs(device_index: int, group: int, block_n: int, stages: int, 
                       blocks_fitting_shared_memory(torch.device("cuda", device_index), shared)))
 
 
+MIN_SPLIT_TILES = 4  # a program's prologue and its split's share of the merge outweigh a fuller wave below this
+
+
 def default_mma_splits(batch: int, n_kv_heads: int, max_tokens: int, device: torch.device, block_n: int,
                        group: int, stages: int, bits: tuple[int, int] = (4, 4), decoder: str = "prmt") -> int:
     """Splits so that the grid is one wave of resident programs (:func:`resident_programs` on every SM: a partial
-    second wave would leave most SMs idle at its end), at least one tile per split."""
+    second wave would leave most SMs idle at its end), at least :data:`MIN_SPLIT_TILES` tiles per split."""
     if device.type != "cuda":
         return 1
     index = device.index if device.index is not None else torch.cuda.current_device()
     wave = resident_programs(index, group, block_n, stages, bits, decoder) * torch.cuda.get_device_properties(
         index).multi_processor_count
-    return max(1, min(wave // (batch * n_kv_heads), triton.cdiv(max_tokens, block_n)))
+    return max(1, min(wave // (batch * n_kv_heads), triton.cdiv(max_tokens, MIN_SPLIT_TILES * block_n)))
