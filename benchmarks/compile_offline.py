@@ -128,16 +128,15 @@ def _session5_calls(ops: list[str]):
 
     def run(label):
         rot = tq.make_rotation("haar", dim, seed=0).matrix()
-        if "quantize" in ops:  # the warpgroup-MMA quantize kernels (Gluon), through their host launchers
+        if "quantize" in ops:  # the warpgroup-MMA quantize kernels (Gluon; rows staged by TMA), through their launchers
             from turboquant.kernels import quantize_wgmma
 
             x = torch.randn(1000, dim, generator=gen).half()
             for bits in (4, 3, 2, 1):
                 label["now"] = f"quantize b={bits} wgmma"
                 quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, bits).boundaries, bits)
-            label["now"] = "quantize b=4 wgmma 4/SM no prefetch"  # four programs per SM: 128 registers
-            quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4, programs_per_sm=4,
-                                              prefetch=False)
+            label["now"] = "quantize b=4 wgmma 3 stages"  # three tiles in flight
+            quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4, stages=3)
             sketch = torch.randn(dim, dim, generator=gen)
             for bits in (4, 3, 2):
                 label["now"] = f"quantize prod b={bits} wgmma"
@@ -146,17 +145,6 @@ def _session5_calls(ops: list[str]):
                                                    sketch)
             label["now"] = "quantize b=4 wgmma bf16 rows"
             quantize_wgmma.quantize_mse_wgmma(x.bfloat16(), rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4)
-            for bits in (4, 3, 2):  # the rows staged in shared memory by TMA, the product's operand as they stand
-                label["now"] = f"quantize b={bits} wgmma tma2"
-                quantize_wgmma.quantize_mse_wgmma(x, rot, tq.lloyd_max_codebook(dim, bits).boundaries, bits,
-                                                  tma_stages=2)
-            label["now"] = "quantize b=4 wgmma tma2 bf16 rows"
-            quantize_wgmma.quantize_mse_wgmma(x.bfloat16(), rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4,
-                                              tma_stages=2)
-            label["now"] = "quantize prod b=4 wgmma tma2"
-            codebook = tq.lloyd_max_codebook(dim, 3)
-            quantize_wgmma.quantize_prod_wgmma(x, rot, codebook.boundaries, codebook.centroids_tensor(), 3, sketch,
-                                               tma_stages=2)
         if "mma" in ops:  # the register-operand kernel (Gluon): 4-bit K/V only
             cb = tq.lloyd_max_codebook(dim, 4).centroids_tensor()
             lead = (1, 8, 64)

@@ -5,14 +5,12 @@
     ncu ... -k regex:mma_split python -m benchmarks.ncu_quantize_decode --ops decode --bits 4 --decoders prmt lut
     ncu ... -k regex:"mma_split|merge|rotate" python -m benchmarks.ncu_quantize_decode --ops decode --bits 4 \
         --shapes 1x8192 8x8192                                                  # where a small launch's time goes
-    ncu ... -k regex:quantize python -m benchmarks.ncu_quantize_decode --ops quantize prod --staging tma
 
 ``quantize``: 16M x 128 fp16 rows at 4, 3 and 2 bits (``quantize_mse_triton``, ``kernel="auto"``); ``prod``: the
 same rows, TurboQuant_prod at 4 bits (3-bit codes + QJL signs); ``scores``: logits of B=8, 32K 4-bit keys through
 the register-operand kernel; ``decode``: B=8, 32K decode attention over K4V4, K3V3 and the 3.5-bit outlier preset
 (``kernel="auto"``; the benchmark's random caches; ``--bits`` a subset, ``--decoders`` the register-operand
-kernel's decoders to run at 4 bits, each one launch of that kernel; ``--shapes`` other BATCHxTOKENS; ``--staging``
-the quantize kernels' rows, ``quantize_mse_triton``'s option). Profiled by ``scripts/h200_kernels.sh`` with
+kernel's decoders to run at 4 bits, each one launch of that kernel; ``--shapes`` other BATCHxTOKENS). Profiled by ``scripts/h200_kernels.sh`` with
 ``NCU=1``; outputs of earlier sessions under ``results/kernels/session*/ncu_*.txt``."""
 from __future__ import annotations
 
@@ -21,7 +19,6 @@ import argparse
 import torch
 
 from turboquant.kernels.decode_attention.mma import MMA_DECODERS
-from turboquant.kernels.quantize import STAGINGS
 
 from .utils import HEAD_DIM, HEADS_KV, HEADS_Q, random_norms, random_packed
 
@@ -29,7 +26,7 @@ OPS = ("quantize", "prod", "scores", "decode")
 BATCH, TOKENS, ROWS = 8, 32768, 1 << 24
 
 
-def _quantize(device: torch.device, prod: bool, staging: str) -> None:
+def _quantize(device: torch.device, prod: bool) -> None:
     import turboquant as tq
     from turboquant.kernels.quantize import quantize_mse_triton
     from turboquant.kernels.quantize_prod import quantize_prod_triton
@@ -39,12 +36,11 @@ def _quantize(device: torch.device, prod: bool, staging: str) -> None:
     if prod:
         codebook = tq.lloyd_max_codebook(HEAD_DIM, 3)
         qjl = torch.randn(HEAD_DIM, HEAD_DIM, device=device)
-        quantize_prod_triton(x, rotation, codebook.boundaries, codebook.centroids_tensor(device), 3, qjl,
-                             staging=staging)
+        quantize_prod_triton(x, rotation, codebook.boundaries, codebook.centroids_tensor(device), 3, qjl)
         return
     for bits in (4, 3, 2):
         quantize_mse_triton(x, rotation, tq.lloyd_max_codebook(HEAD_DIM, bits).boundaries, bits,
-                            norms_dtype=torch.float16, staging=staging)
+                            norms_dtype=torch.float16)
 
 
 def _scores(device: torch.device) -> None:
@@ -88,12 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bits", nargs="+", type=float, choices=(4, 3, 3.5), default=[4, 3, 3.5])
     parser.add_argument("--decoders", nargs="+", choices=MMA_DECODERS, default=["auto"])
     parser.add_argument("--shapes", nargs="+", type=_shape, default=[(BATCH, TOKENS)])
-    parser.add_argument("--staging", choices=STAGINGS, default="registers")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     for op in args.ops:
         if op in ("quantize", "prod"):
-            _quantize(device, prod=op == "prod", staging=args.staging)
+            _quantize(device, prod=op == "prod")
         elif op == "scores":
             _scores(device)
         else:

@@ -140,8 +140,8 @@ def kernel_kwargs(variant: dict[str, Any]) -> dict[str, Any]:
 def skip_off_gpu(op: str, name: str, kw: dict[str, Any], device: torch.device) -> bool:
     """True (and says so) for a variant whose decoder is inline PTX, or whose kernel is Gluon, when not on CUDA: the
     interpreter runs neither."""
-    if ((str(kw.get("decoder")).startswith(("prmt", "lut")) or kw.get("kernel") in ("mma", "wgmma")
-            or kw.get("staging") == "tma") and device.type != "cuda"):
+    if ((str(kw.get("decoder")).startswith(("prmt", "lut")) or kw.get("kernel") in ("mma", "wgmma"))
+            and device.type != "cuda"):
         print(f"  {op} {name}: skipped (inline PTX and Gluon need a GPU)")
         return True
     return False

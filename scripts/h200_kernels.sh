@@ -10,7 +10,7 @@
 # NCU=1 adds ncu of one launch of each default kernel (benchmarks/ncu_quantize_decode.py: quantize at 4 / 3 / 2 bits,
 # prod, scores and decode at B=8/32K) as ncu_kernels.txt, with the stall cycles per issued instruction by reason.
 # NCU_EXTRA='ARGS' adds ncu of the launches benchmarks/ncu_quantize_decode.py makes with ARGS (e.g. '--ops decode
-# --bits 4 --decoders auto prmt --shapes 1x8192 8x32768', or '--ops quantize prod --staging tma'), every kernel of
+# --bits 4 --decoders auto prmt --shapes 1x8192 8x32768'), every kernel of
 # each decode (the query's rotation, the split kernel, the merge, the output's rotation), as ncu_extra.txt
 # (NCU_EXTRA_SECONDS, default 150).
 # RUN_ARGS: more overrides for run.py, e.g. RUN_ARGS='kernels_set.ops=[quantize,prod]' (a set's ops alone).

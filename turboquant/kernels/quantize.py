@@ -281,21 +281,6 @@ def wgmma_unsupported(x: torch.Tensor, bits: int) -> str | None:
     return reason
 
 
-STAGINGS = ("registers", "tma")  # how the wgmma kernel's rows reach its product (quantize_mse_triton's ``staging``)
-
-
-def staged_kernel(kernel: str, staging: str) -> str:
-    """``kernel`` as ``staging`` leaves it: ``"tma"`` is the wgmma kernel's (``"auto"`` takes it, ``"tiles"`` is
-    refused); ValueError for a staging not in :data:`STAGINGS`."""
-    if staging not in STAGINGS:
-        raise ValueError(f"staging must be one of {STAGINGS}, got {staging!r}")
-    if staging != "tma":
-        return kernel
-    if kernel == "tiles":
-        raise ValueError("staging='tma' is the wgmma kernel's; the tile kernel loads its rows into registers")
-    return "wgmma" if kernel == "auto" else kernel
-
-
 def quantize_mse_triton(
     x: torch.Tensor,
     rotation_matrix: torch.Tensor,
@@ -310,7 +295,6 @@ def quantize_mse_triton(
     lookup: bool = True,
     nearest: str | None = None,
     kernel: str = "auto",
-    staging: str = "registers",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TurboQuant_mse codes and norms of ``x`` (..., dim) in one kernel.
 
@@ -322,9 +306,8 @@ def quantize_mse_triton(
         norms_dtype: dtype of the stored norms (float32 as the library, float16 for a compact cache).
         block_n, num_warps, num_stages, programs_per_sm: tuning of the tile kernel (rows per tile, warps,
             software-pipeline depth of the row loads: default 3, persistent programs per SM: default 4); the wgmma
-            kernel takes the last two (``num_stages`` 1: no prefetch of the next tile's rows, default 2; with
-            ``staging="tma"`` the tiles in flight in shared memory, at least 2; ``programs_per_sm`` default 3, its
-            register budget and shared memory set to fit).
+            kernel takes the last two (``num_stages``: the tiles of rows TMA keeps in flight in shared memory, at
+            least 2, default 2; ``programs_per_sm`` default 3, its register budget and shared memory set to fit).
         lookup: False skips the nearest-centroid step and returns wrong codes (benchmark attribution only).
         nearest: the tile kernel's nearest-centroid step: ``"table"`` (cell-table gather, its default) or
             ``"tree"`` (midpoint binary search in registers, symmetric codebooks; module docstring). The wgmma kernel
@@ -334,10 +317,6 @@ def quantize_mse_triton(
             symmetric codebooks; ``block_n`` and ``num_warps`` unused) or ``"auto"``: ``"wgmma"`` where it serves
             (``turboquant.backends.quantize_kernel``), else ``"tiles"``; ``"tiles"`` as well when ``nearest`` is given
             or ``lookup`` is False (the tile kernel's own options).
-        staging: how the wgmma kernel's rows reach the product: ``"registers"`` (loaded, scaled to unit rows and
-            converted to the register operand) or ``"tma"`` (staged in shared memory by TMA, the product's operand
-            as they stand, its accumulator scaled by 1 / ||x||: the kernel's ``TMA_STAGES``); ``"tma"`` takes the
-            wgmma kernel.
 
     Returns:
         ``(codes, norms)``: uint8 (..., ceil(dim * bits / 8)) in the library's packed layout, and
@@ -350,7 +329,6 @@ def quantize_mse_triton(
         raise ValueError(f"{bits}-bit codebook needs {2 ** bits - 1} boundaries")
     if nearest not in (None, "table", "tree"):
         raise ValueError(f"nearest must be None, 'table' or 'tree', got {nearest!r}")
-    kernel = staged_kernel(kernel, staging)
     if kernel == "auto" and (nearest is not None or not lookup):
         kernel = "tiles"  # the tile kernel's own options were asked for
     if kernel == "wgmma" and (nearest is not None or not lookup):
@@ -363,8 +341,7 @@ def quantize_mse_triton(
         from .quantize_wgmma import quantize_mse_wgmma
 
         return quantize_mse_wgmma(x, rotation_matrix, _as_numpy(boundaries), bits, norms_dtype,
-                                  programs_per_sm=programs_per_sm or 3, prefetch=(num_stages or 2) > 1,
-                                  tma_stages=(num_stages or 2) if staging == "tma" else 0)
+                                  programs_per_sm=programs_per_sm or 3, stages=num_stages or 2)
     nearest = nearest or "table"
     rows, lead_shape = as_rows(x)
     n_rows = rows.shape[0]

@@ -37,7 +37,6 @@ from .quantize import (
     _check_inputs,
     _codes,
     nearest_operands,
-    staged_kernel,
     stream_rotation,
     wgmma_unsupported,
 )
@@ -115,7 +114,6 @@ def quantize_prod_triton(
     num_warps: int = 4,
     nearest: str | None = None,
     kernel: str = "auto",
-    staging: str = "registers",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """TurboQuant_prod codes of ``x`` (..., dim), dim <= 256, in one kernel.
 
@@ -133,8 +131,6 @@ def quantize_prod_triton(
             rows of 128 channels, ``mse_bits`` 1-3, a symmetric codebook; ``block_n``, ``num_warps`` unused) or
             ``"auto"``: ``"wgmma"`` where it serves (``turboquant.backends.quantize_kernel``), else ``"tiles"``;
             ``"tiles"`` as well when ``nearest`` is given (the tile kernel's option).
-        staging: the wgmma kernel's rows through registers or staged by TMA (2 tiles in flight), as
-            :func:`~turboquant.kernels.quantize.quantize_mse_triton`'s; ``"tma"`` takes the wgmma kernel.
 
     Returns:
         ``(codes, signs, norms, residual_norms)``: codes uint8 (..., ceil(dim * mse_bits / 8)) (empty
@@ -153,7 +149,6 @@ def quantize_prod_triton(
                              f"{2 ** mse_bits} centroids")
     if nearest not in (None, "table", "tree"):
         raise ValueError(f"nearest must be None, 'table' or 'tree', got {nearest!r}")
-    kernel = staged_kernel(kernel, staging)
     if kernel == "auto" and nearest is not None:
         kernel = "tiles"  # the tile kernel's own option was asked for
     if kernel == "wgmma" and nearest is not None:
@@ -166,7 +161,7 @@ def quantize_prod_triton(
         from .quantize_wgmma import quantize_prod_wgmma
 
         return quantize_prod_wgmma(x, rotation_matrix, _as_numpy(boundaries), centroids, mse_bits, qjl_matrix,
-                                   norms_dtype, tma_stages=2 if staging == "tma" else 0)
+                                   norms_dtype)
     nearest = nearest or "table"
     rows, lead_shape = as_rows(x)
     n_rows = rows.shape[0]

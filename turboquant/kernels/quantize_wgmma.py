@@ -3,8 +3,9 @@ of 128 channels -> packed codes + norms, one pass.
 
 A persistent program is one warpgroup (4 warps) and owns tiles of 64 rows. Per tile:
 
-    n = ||x||,   y = (x / n) B   with  B = Pi^T, columns permuted by :func:`code_column_order`  (``wgmma``: the unit
-                                     rows are the register operand, B sits in shared memory, loaded once per program),
+    n = ||x||,   y = (x B) / n   with  B = Pi^T, columns permuted by :func:`code_column_order`  (``wgmma`` from
+                                     shared memory: the rows as TMA staged them and B, loaded once per program; the
+                                     product is linear, so 1 / n scales the accumulator),
     idx_j = #{k : y_j > t_k}         (the Lloyd-Max midpoints are symmetric: the sign of y and b - 1 compares of |y|
                                       against the 2^(b-1) - 1 positive midpoints, a branch-free binary search),
 
@@ -15,15 +16,11 @@ B's column permutation puts in lane t the rotated channels 32t .. 32t + 31, a pa
 one packed word, so a lane assembles b 32-bit words of the packed row (16 / 12 / 8 / 4 bytes at b = 4 / 3 / 2 / 1)
 with a shift-add per pair and stores them without an exchange.
 
-The rows reach the product by one of two paths (:func:`quantize_wgmma_kernel`'s ``TMA_STAGES``): loaded coalesced
-into registers (16 bytes per lane, the next tile's loads issued before the current tile is computed), scaled there
-and converted to the register operand; or staged in shared memory by TMA a few tiles ahead and multiplied as they
-stand, the product being linear, y = (x B) / n: the scale is applied to the accumulator.
-
-Through registers the unit rows and the rotation are fp16 with fp32 sums, as in
-:func:`turboquant.kernels.quantize.quantize_mse_triton`; staged, the rows enter unrounded and B is fp16 (bf16 rows: two
-bf16 parts, :func:`_code_operand`). The code step compares y and the midpoints rounded to fp16, so the float64
-reference's codes differ only for coordinates within ~1e-3 |y| of a midpoint. GPU only (Gluon has no interpreter);
+TMA stages each program's tiles a few ahead in shared memory (:func:`quantize_wgmma_kernel`'s ``STAGES``), and no
+row passes through registers but for its norm, read from the staged tile in the accumulator's layout. The rows enter
+the product unrounded, B is fp16 (bf16 rows: two bf16 parts, :func:`_code_operand`), the sums fp32. The code step
+compares y and the midpoints rounded to fp16, so the float64 reference's codes differ only for coordinates within
+~1e-3 |y| of a midpoint. GPU only (Gluon has no interpreter);
 :func:`wgmma_quantize_unsupported` says what it does not read. TurboQuant_prod (Algorithm 2) runs in the same kernel
 (:func:`quantize_prod_wgmma`).
 """
@@ -56,7 +53,7 @@ BLOCK_M = gl.constexpr(64)  # rows per tile: one m64 wgmma per warpgroup
 
 ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16]))
 OPERAND_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=ACC.value, k_width=2))
-TILE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # 64 x 128 16-bit loads: 16 bytes per lane
+TILE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # B's 16-bit loads: 16 bytes per lane
 SHARED_B = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 SHARED_ROWS = SHARED_B  # a (64, 128) tile of 16-bit rows staged by TMA: wgmma's shared-memory A operand, K-major
 ROW_TILE_BYTES = gl.constexpr(64 * HEAD_DIM * 2)  # one such tile
@@ -268,13 +265,6 @@ def _staged_product(x_smem, ready, slot, phase, b, b_low, SPLIT_B: gl.constexpr)
 
 
 @gluon.jit
-def _load_rows(x_ptr, rows, cols, n_rows, stride_x):
-    """(64, 128) rows of x in :data:`TILE` (zeros past ``n_rows``)."""
-    return gl.load(x_ptr + rows.to(gl.int64)[:, None] * stride_x + cols[None, :], mask=(rows < n_rows)[:, None],
-                   other=0.0)
-
-
-@gluon.jit
 def _store_norms(norm, rows, norms_ptr, n_rows):
     """Store the rows' norms (``rows`` their indices, in ``norm``'s layout) and return 1 / n (0 for a zero row)."""
     gl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=rows < n_rows)
@@ -301,31 +291,25 @@ def _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code
 
 
 @gluon.jit
-def quantize_wgmma_kernel(x_src, b_ptr, b_low_ptr, mid_ptr, code_words_ptr, norms_ptr, n_rows, stride_x,
-                          stride_words, sketch_ptr, magnitude_ptr, sign_words_ptr, residual_norms_ptr,
-                          stride_sign_words, BITS: gl.constexpr, PROD: gl.constexpr, PREFETCH: gl.constexpr,
-                          TMA_STAGES: gl.constexpr):
-    """Persistent grid over tiles of 64 rows (module docstring). ``b_ptr``: (128, 128) B = Pi^T with columns in
-    :func:`code_column_order`, fp16 (``b_low_ptr`` unread), or with ``TMA_STAGES`` and bf16 rows bf16 B_hi and
-    ``b_low_ptr`` B_lo = B - B_hi; ``mid_ptr``: the positive midpoints as fp16 pairs (:func:`_positive_midpoints`);
-    ``code_words_ptr``: the packed rows as int32 words (4 b per row). ``PROD`` (TurboQuant_prod, Algorithm 2;
-    b = ``BITS`` + 1): the codes and the residual e = y - c[code] of the unit row in the rotated basis from
-    :func:`_f16x2_codes_residuals` (``magnitude_ptr``: the codebook's positive centroids as fp16 pairs,
-    :func:`_positive_magnitudes`), its norm (``residual_norms_ptr``; ||r|| = ||e||) and the QJL sign bits
+def quantize_wgmma_kernel(x_desc, b_ptr, b_low_ptr, mid_ptr, code_words_ptr, norms_ptr, n_rows, stride_words,
+                          sketch_ptr, magnitude_ptr, sign_words_ptr, residual_norms_ptr, stride_sign_words,
+                          BITS: gl.constexpr, PROD: gl.constexpr, STAGES: gl.constexpr):
+    """Persistent grid over tiles of 64 rows (module docstring). ``x_desc``: the rows' TMA descriptor
+    (:data:`SHARED_ROWS`); ``STAGES`` (>= 2) tiles are in flight in shared memory, each the product's shared-memory
+    operand as it stands (:func:`_staged_product`: y = (x B) / n, the scale on the accumulator). ``b_ptr``: (128, 128)
+    B = Pi^T with columns in :func:`code_column_order`, fp16 for fp16 rows (``b_low_ptr`` unread), bf16 B_hi for bf16
+    rows with ``b_low_ptr`` B_lo = B - B_hi; ``mid_ptr``: the positive midpoints as fp16 pairs
+    (:func:`_positive_midpoints`); ``code_words_ptr``: the packed rows as int32 words (4 b per row). ``PROD``
+    (TurboQuant_prod, Algorithm 2; b = ``BITS`` + 1): the codes and the residual e = y - c[code] of the unit row in the
+    rotated basis from :func:`_f16x2_codes_residuals` (``magnitude_ptr``: the codebook's positive centroids as fp16
+    pairs, :func:`_positive_magnitudes`), its norm (``residual_norms_ptr``; ||r|| = ||e||) and the QJL sign bits
     [S r >= 0] = [M e >= 0], M = S Pi^T, from a second ``wgmma`` with e as the register operand and ``sketch_ptr`` =
     M^T (:func:`_sketch_operand`), stored from its accumulator as 1-bit codes (:func:`_pair_signs`;
-    ``sign_words_ptr``, 4 words per row). The pointers of the unused stage are never read.
-
-    How the rows arrive: ``TMA_STAGES`` 0, ``x_src`` is their pointer (row stride ``stride_x``) and the rows are
-    loaded into registers, scaled to unit rows there and converted to the register operand (``PREFETCH``: the next
-    tile's loads issued before this one is computed, 32 more registers per thread); ``TMA_STAGES`` s >= 2,
-    ``x_src`` is their TMA descriptor (:data:`SHARED_ROWS`) and s tiles are in flight in shared memory, each the
-    product's shared-memory operand as it stands (:func:`_staged_product`: y = (x B) / n, the scale on the
-    accumulator), so that no row passes through registers but for its norm."""
+    ``sign_words_ptr``, 4 words per row). The pointers of the unused stage are never read."""
     w0, w1, w2, w3 = gl.load(mid_ptr), gl.load(mid_ptr + 1), gl.load(mid_ptr + 2), gl.load(mid_ptr + 3)
     w4, w5, w6 = gl.load(mid_ptr + 4), gl.load(mid_ptr + 5), gl.load(mid_ptr + 6)
     b = _shared_operand(b_ptr)
-    SPLIT_B: gl.constexpr = TMA_STAGES > 0 and b_ptr.dtype.element_ty == gl.bfloat16
+    SPLIT_B: gl.constexpr = b_ptr.dtype.element_ty == gl.bfloat16
     if SPLIT_B:
         b_low = _shared_operand(b_low_ptr)
     else:
@@ -337,47 +321,25 @@ def quantize_wgmma_kernel(x_src, b_ptr, b_low_ptr, mid_ptr, code_words_ptr, norm
     else:
         v0, v1, v2, v3, sketch = w0, w1, w2, w3, b
     pid, n_programs = gl.program_id(0), gl.num_programs(0)
-    n_tiles = gl.cdiv(n_rows, BLOCK_M)
-    if TMA_STAGES > 0:
-        x_smem = gl.allocate_shared_memory(x_src.dtype, [TMA_STAGES, BLOCK_M, 128], SHARED_ROWS)
-        ready = gl.allocate_shared_memory(gl.int64, [TMA_STAGES, 1], mbarrier.MBarrierLayout())
-        for slot in gl.static_range(TMA_STAGES):
-            mbarrier.init(ready.index(slot), count=1)
-        fence_async_shared()
-        mine = gl.cdiv(n_tiles - pid, n_programs)  # this program's tiles: pid + i * n_programs, i < mine
-        for i in gl.static_range(TMA_STAGES - 1):
-            _stage_rows(x_src, x_smem, ready, i, pid + i * n_programs, i < mine)
-        for i in range(mine):
-            ahead = i + TMA_STAGES - 1  # refills the buffer the previous tile was read from
-            _stage_rows(x_src, x_smem, ready, ahead % TMA_STAGES, pid + ahead * n_programs, ahead < mine)
-            tile = pid + i * n_programs
-            y, norm = _staged_product(x_smem, ready, i % TMA_STAGES, (i // TMA_STAGES) & 1, b, b_low, SPLIT_B)
-            rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
-            y = y * _store_norms(norm, rows, norms_ptr, n_rows)[:, None]
-            _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code_words_ptr, n_rows,
-                       stride_words, sign_words_ptr, residual_norms_ptr, stride_sign_words, BITS, PROD)
-        for slot in gl.static_range(TMA_STAGES):
-            mbarrier.invalidate(ready.index(slot))
-    else:
-        fence_async_shared()
-        cols = gl.arange(0, 128, layout=gl.SliceLayout(0, TILE))
-        local = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, TILE))
-        if PREFETCH:
-            x = _load_rows(x_src, pid * BLOCK_M + local, cols, n_rows, stride_x)
-        for tile in range(pid, n_tiles, n_programs):
-            rows = tile * BLOCK_M + local
-            if PREFETCH:  # the next tile's loads in flight while this one is computed
-                x_next = _load_rows(x_src, rows + n_programs * BLOCK_M, cols, n_rows, stride_x)
-            else:
-                x = _load_rows(x_src, rows, cols, n_rows, stride_x)
-            xf = x.to(gl.float32)
-            inv = _store_norms(gl.sqrt(gl.sum(xf * xf, axis=1)), rows, norms_ptr, n_rows)
-            unit = gl.convert_layout((xf * inv[:, None]).to(gl.float16), OPERAND_A)
-            y = warpgroup_mma(unit, b, gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False)
-            _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code_words_ptr, n_rows,
-                       stride_words, sign_words_ptr, residual_norms_ptr, stride_sign_words, BITS, PROD)
-            if PREFETCH:
-                x = x_next
+    x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, 128], SHARED_ROWS)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for slot in gl.static_range(STAGES):
+        mbarrier.init(ready.index(slot), count=1)
+    fence_async_shared()
+    mine = gl.cdiv(gl.cdiv(n_rows, BLOCK_M) - pid, n_programs)  # this program's tiles: pid + i * n_programs, i < mine
+    for i in gl.static_range(STAGES - 1):
+        _stage_rows(x_desc, x_smem, ready, i, pid + i * n_programs, i < mine)
+    for i in range(mine):
+        ahead = i + STAGES - 1  # refills the buffer the previous tile was read from
+        _stage_rows(x_desc, x_smem, ready, ahead % STAGES, pid + ahead * n_programs, ahead < mine)
+        tile = pid + i * n_programs
+        y, norm = _staged_product(x_smem, ready, i % STAGES, (i // STAGES) & 1, b, b_low, SPLIT_B)
+        rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
+        y = y * _store_norms(norm, rows, norms_ptr, n_rows)[:, None]
+        _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code_words_ptr, n_rows,
+                   stride_words, sign_words_ptr, residual_norms_ptr, stride_sign_words, BITS, PROD)
+    for slot in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(slot))
 
 
 def _fp16_pairs(values: torch.Tensor) -> torch.Tensor:
@@ -403,28 +365,28 @@ def _positive_midpoints(midpoints: bytes, device: str) -> torch.Tensor:
 
 def quantize_mse_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
                        norms_dtype: torch.dtype = torch.float32, programs_per_sm: int = 3,
-                       prefetch: bool = True, tma_stages: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                       stages: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes and norms of ``x`` (..., 128) float16 or bfloat16 as
     :func:`~turboquant.kernels.quantize.quantize_mse_triton` returns them (inputs checked there and by
     :func:`wgmma_quantize_unsupported`), computed by :func:`quantize_wgmma_kernel`; ``boundaries`` the codebook's
     midpoints as float64; ``programs_per_sm``: resident programs per SM (the register budget of each, ``maxnreg``, is
-    set so that they fit, and at most as many as the shared memory holds); ``prefetch``, ``tma_stages``: the kernel's
-    ``PREFETCH`` and ``TMA_STAGES``."""
+    set so that they fit, and at most as many as the shared memory holds); ``stages``: the tiles in flight, the
+    kernel's ``STAGES``."""
     rows, lead_shape = as_rows(x)
     codes = torch.empty((rows.shape[0], packed_size(HEAD_DIM, bits)), dtype=torch.uint8, device=x.device)
     norms = torch.empty((rows.shape[0],), dtype=norms_dtype, device=x.device)
-    _launch(rows, rotation_matrix, boundaries, bits, codes, norms, None, programs_per_sm, prefetch, tma_stages)
+    _launch(rows, rotation_matrix, boundaries, bits, codes, norms, None, programs_per_sm, stages)
     return codes.reshape(*lead_shape, codes.shape[-1]), norms.reshape(lead_shape)
 
 
 def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray,
                         centroids: torch.Tensor, mse_bits: int, qjl_matrix: torch.Tensor,
                         norms_dtype: torch.dtype = torch.float32, programs_per_sm: int = 2,
-                        tma_stages: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                        stages: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """TurboQuant_prod (Algorithm 2) of ``x`` (..., 128) float16 or bfloat16 as
     :func:`~turboquant.kernels.quantize_prod.quantize_prod_triton` returns it (codes, signs, norms, residual norms;
     inputs checked there and by :func:`wgmma_quantize_unsupported`), by :func:`quantize_wgmma_kernel` with ``PROD``:
-    ``mse_bits`` 1-3, a symmetric codebook; ``programs_per_sm``, ``tma_stages`` as :func:`quantize_mse_wgmma`'s."""
+    ``mse_bits`` 1-3, a symmetric codebook; ``programs_per_sm``, ``stages`` as :func:`quantize_mse_wgmma`'s."""
     rows, lead_shape = as_rows(x)
     n_rows = rows.shape[0]
     codes = torch.empty((n_rows, packed_size(HEAD_DIM, mse_bits)), dtype=torch.uint8, device=x.device)
@@ -433,43 +395,38 @@ def quantize_prod_wgmma(x: torch.Tensor, rotation_matrix: torch.Tensor, boundari
     residual_norms = torch.empty((n_rows,), dtype=norms_dtype, device=x.device)
     prod = (_sketch_operand(rotation_matrix, qjl_matrix, mse_bits), _positive_magnitudes(centroids), signs,
             residual_norms)
-    _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, programs_per_sm, True, tma_stages)
+    _launch(rows, rotation_matrix, boundaries, mse_bits, codes, norms, prod, programs_per_sm, stages)
     return (codes.reshape(*lead_shape, codes.shape[-1]), signs.reshape(*lead_shape, signs.shape[-1]),
             norms.reshape(lead_shape), residual_norms.reshape(lead_shape))
 
 
 def _launch(rows: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.ndarray, bits: int,
-            codes: torch.Tensor, norms: torch.Tensor, prod: tuple | None, programs_per_sm: int,
-            prefetch: bool, tma_stages: int) -> None:
+            codes: torch.Tensor, norms: torch.Tensor, prod: tuple | None, programs_per_sm: int, stages: int) -> None:
     """One persistent launch of :func:`quantize_wgmma_kernel` over ``rows`` (``prod``: the sketch operand, the
-    positive centroids, the sign and residual-norm outputs), ``programs_per_sm`` programs of one warpgroup resident
-    per SM within its 64K registers and (``tma_stages``) its shared memory."""
+    positive centroids, the sign and residual-norm outputs), ``stages`` tiles in flight, ``programs_per_sm`` programs
+    of one warpgroup resident per SM within its 64K registers and its shared memory. TMA reads rows whose start and
+    stride are multiples of 16 bytes: other rows (a view at an odd offset) are copied first."""
     n_rows = rows.shape[0]
     if not n_rows:
         return
-    if tma_stages == 1 or tma_stages < 0:
-        raise ValueError(f"tma_stages is 0 (rows through registers) or a pipeline of at least 2 tiles, got "
-                         f"{tma_stages}")
+    if stages < 2:
+        raise ValueError(f"the quantize kernel stages at least 2 tiles of rows in shared memory, got stages={stages}")
+    if rows.data_ptr() % 16 or (rows.stride(0) * rows.element_size()) % 16:
+        rows = rows.clone(memory_format=torch.contiguous_format)
     mids = _positive_midpoints(np.asarray(boundaries, dtype=np.float64).tobytes(), str(rows.device))
     sketch, magnitudes, signs, residual_norms = prod if prod is not None else (rows, mids, codes, norms)
-    b, b_low = _code_operand(rotation_matrix, bits, rows.dtype if tma_stages else torch.float16)
-    x_src = rows
-    if tma_stages:
-        if rows.data_ptr() % 16 or (rows.stride(0) * rows.element_size()) % 16:
-            raise ValueError("TMA reads rows whose start and stride are multiples of 16 bytes; these rows start at "
-                             f"{rows.data_ptr() % 16} mod 16 with a stride of {rows.stride(0)} elements")
-        x_src = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [BLOCK_M.value, HEAD_DIM],
-                                 SHARED_ROWS.value)
-        operands = (1 if b_low is None else 2) + (prod is not None)
-        shared = operands * OPERAND_BYTES + tma_stages * ROW_TILE_BYTES.value
-        programs_per_sm = max(1, min(programs_per_sm, blocks_fitting_shared_memory(rows.device, shared)))
+    b, b_low = _code_operand(rotation_matrix, bits, rows.dtype)
+    x_desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [BLOCK_M.value, HEAD_DIM],
+                              SHARED_ROWS.value)
+    operands = (1 if b_low is None else 2) + (prod is not None)
+    shared = operands * OPERAND_BYTES + stages * ROW_TILE_BYTES.value
+    programs_per_sm = max(1, min(programs_per_sm, blocks_fitting_shared_memory(rows.device, shared)))
     n_sm = torch.cuda.get_device_properties(rows.device).multi_processor_count if rows.is_cuda else 4
     grid = (min(triton.cdiv(n_rows, BLOCK_M.value), programs_per_sm * n_sm),)
-    quantize_wgmma_kernel[grid](x_src, b, b if b_low is None else b_low, mids, codes.view(torch.int32), norms,
-                                n_rows, rows.stride(0), codes.shape[1] // 4, sketch, magnitudes,
-                                signs.view(torch.int32), residual_norms, signs.shape[1] // 4, BITS=bits,
-                                PROD=prod is not None, PREFETCH=prefetch, TMA_STAGES=tma_stages, num_warps=4,
-                                maxnreg=min(255, 65536 // (128 * programs_per_sm) // 8 * 8))
+    quantize_wgmma_kernel[grid](x_desc, b, b if b_low is None else b_low, mids, codes.view(torch.int32), norms,
+                                n_rows, codes.shape[1] // 4, sketch, magnitudes, signs.view(torch.int32),
+                                residual_norms, signs.shape[1] // 4, BITS=bits, PROD=prod is not None, STAGES=stages,
+                                num_warps=4, maxnreg=min(255, 65536 // (128 * programs_per_sm) // 8 * 8))
 
 
 def _code_operand(rotation_matrix: torch.Tensor, bits: int,
