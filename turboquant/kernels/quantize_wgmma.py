@@ -16,11 +16,11 @@ B's column permutation puts in lane t the rotated channels 32t .. 32t + 31, a pa
 one packed word, so a lane assembles b 32-bit words of the packed row (16 / 12 / 8 / 4 bytes at b = 4 / 3 / 2 / 1)
 with a shift-add per pair and stores them without an exchange.
 
-TMA stages each program's tiles a few ahead in shared memory (:func:`quantize_wgmma_kernel`'s ``STAGES``), and no
-row passes through registers but for its norm, read from the staged tile in the accumulator's layout. The rows enter
-the product unrounded, B is fp16 (bf16 rows: two bf16 parts, :func:`_code_operand`), the sums fp32. The code step
-compares y and the midpoints rounded to fp16, so the float64 reference's codes differ only for coordinates within
-~1e-3 |y| of a midpoint. GPU only (Gluon has no interpreter);
+TMA stages each program's tiles a few ahead in shared memory (:func:`quantize_wgmma_kernel`'s ``STAGES``). fp16
+rows pass through registers only for their norm, read from the staged tile in the accumulator's layout, and enter
+the product unrounded; bf16 rows are read into registers as the product's operand, scaled to unit rows and rounded to
+fp16 there. B is fp16, the sums fp32. The code step compares y and the midpoints rounded to fp16, so the float64
+reference's codes differ only for coordinates within ~1e-3 |y| of a midpoint. GPU only (Gluon has no interpreter);
 :func:`wgmma_quantize_unsupported` says what it does not read. TurboQuant_prod (Algorithm 2) runs in the same kernel
 (:func:`quantize_prod_wgmma`).
 """
@@ -247,21 +247,31 @@ def _stage_rows(x_desc, x_smem, ready, slot, tile, live):
 
 
 @gluon.jit
-def _staged_product(x_smem, ready, slot, phase, b, b_low, SPLIT_B: gl.constexpr):
-    """Once buffer ``slot`` holds its rows (``ready[slot]`` at ``phase``): ``(x B, ||x||)`` of the staged (64, 128)
-    tile, both in :data:`ACC` (the norms as its row slice). x B by ``wgmma`` from shared memory (the rows
-    unscaled: y = (x / n) B = (x B) / n), with ``SPLIT_B`` (bf16 rows) as x B_hi + x B_lo, B rounded to bf16 twice
-    (2^-17 rather than bf16's 2^-9); the sum of squares from the same buffer, read in the accumulator's layout while
-    the product runs, so each norm lands on the lanes that hold its row."""
+def _staged_product(x_smem, ready, slot, phase, b):
+    """Once buffer ``slot`` holds its fp16 rows (``ready[slot]`` at ``phase``): ``(x B, ||x||)`` of the staged
+    (64, 128) tile, both in :data:`ACC` (the norms as its row slice). x B by ``wgmma`` from shared memory (the rows
+    unscaled: y = (x / n) B = (x B) / n); the sum of squares from the same buffer, read in the accumulator's layout
+    while the product runs, so each norm lands on the lanes that hold its row."""
     mbarrier.wait(ready.index(slot), phase)
     x = x_smem.index(slot)
     y = warpgroup_mma(x, b, gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False, is_async=True)
-    if SPLIT_B:
-        y = warpgroup_mma(x, b_low, y, is_async=True)
     xf = x.load(ACC).to(gl.float32)
     norm = gl.sqrt(gl.sum(xf * xf, axis=1))
     y = warpgroup_mma_wait(0, deps=[y])
     return y, norm
+
+
+@gluon.jit
+def _converted_product(x_smem, ready, slot, phase, b, tile, norms_ptr, n_rows):
+    """Once buffer ``slot`` holds its bf16 rows: y = (x / n) B of the staged tile in :data:`ACC`, its norms stored.
+    bf16 is not an fp16 operand and its range is wider than fp16's, so the tile is read into registers as the
+    product's register operand (:data:`OPERAND_A`), scaled to unit rows there and rounded to fp16 (unit rows fit)."""
+    mbarrier.wait(ready.index(slot), phase)
+    x = x_smem.index(slot).load(OPERAND_A).to(gl.float32)
+    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, OPERAND_A))
+    inv = _store_norms(gl.sqrt(gl.sum(x * x, axis=1)), rows, norms_ptr, n_rows)
+    return warpgroup_mma((x * inv[:, None]).to(gl.float16), b, gl.zeros([BLOCK_M, 128], gl.float32, ACC),
+                         use_acc=False)
 
 
 @gluon.jit
@@ -291,14 +301,14 @@ def _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code
 
 
 @gluon.jit
-def quantize_wgmma_kernel(x_desc, b_ptr, b_low_ptr, mid_ptr, code_words_ptr, norms_ptr, n_rows, stride_words,
+def quantize_wgmma_kernel(x_desc, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_rows, stride_words,
                           sketch_ptr, magnitude_ptr, sign_words_ptr, residual_norms_ptr, stride_sign_words,
                           BITS: gl.constexpr, PROD: gl.constexpr, STAGES: gl.constexpr):
     """Persistent grid over tiles of 64 rows (module docstring). ``x_desc``: the rows' TMA descriptor
     (:data:`SHARED_ROWS`); ``STAGES`` (>= 2) tiles are in flight in shared memory, each the product's shared-memory
-    operand as it stands (:func:`_staged_product`: y = (x B) / n, the scale on the accumulator). ``b_ptr``: (128, 128)
-    B = Pi^T with columns in :func:`code_column_order`, fp16 for fp16 rows (``b_low_ptr`` unread), bf16 B_hi for bf16
-    rows with ``b_low_ptr`` B_lo = B - B_hi; ``mid_ptr``: the positive midpoints as fp16 pairs
+    operand as it stands (:func:`_staged_product`: y = (x B) / n, the scale on the accumulator; bf16 rows through registers,
+    :func:`_converted_product`). ``b_ptr``: (128, 128) fp16 B = Pi^T with columns in :func:`code_column_order`;
+    ``mid_ptr``: the positive midpoints as fp16 pairs
     (:func:`_positive_midpoints`); ``code_words_ptr``: the packed rows as int32 words (4 b per row). ``PROD``
     (TurboQuant_prod, Algorithm 2; b = ``BITS`` + 1): the codes and the residual e = y - c[code] of the unit row in the
     rotated basis from :func:`_f16x2_codes_residuals` (``magnitude_ptr``: the codebook's positive centroids as fp16
@@ -309,11 +319,7 @@ def quantize_wgmma_kernel(x_desc, b_ptr, b_low_ptr, mid_ptr, code_words_ptr, nor
     w0, w1, w2, w3 = gl.load(mid_ptr), gl.load(mid_ptr + 1), gl.load(mid_ptr + 2), gl.load(mid_ptr + 3)
     w4, w5, w6 = gl.load(mid_ptr + 4), gl.load(mid_ptr + 5), gl.load(mid_ptr + 6)
     b = _shared_operand(b_ptr)
-    SPLIT_B: gl.constexpr = b_ptr.dtype.element_ty == gl.bfloat16
-    if SPLIT_B:
-        b_low = _shared_operand(b_low_ptr)
-    else:
-        b_low = b
+    CONVERT: gl.constexpr = x_desc.dtype == gl.bfloat16
     if PROD:
         v0, v1 = gl.load(magnitude_ptr), gl.load(magnitude_ptr + 1)
         v2, v3 = gl.load(magnitude_ptr + 2), gl.load(magnitude_ptr + 3)
@@ -333,9 +339,12 @@ def quantize_wgmma_kernel(x_desc, b_ptr, b_low_ptr, mid_ptr, code_words_ptr, nor
         ahead = i + STAGES - 1  # refills the buffer the previous tile was read from
         _stage_rows(x_desc, x_smem, ready, ahead % STAGES, pid + ahead * n_programs, ahead < mine)
         tile = pid + i * n_programs
-        y, norm = _staged_product(x_smem, ready, i % STAGES, (i // STAGES) & 1, b, b_low, SPLIT_B)
-        rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
-        y = y * _store_norms(norm, rows, norms_ptr, n_rows)[:, None]
+        if CONVERT:
+            y = _converted_product(x_smem, ready, i % STAGES, (i // STAGES) & 1, b, tile, norms_ptr, n_rows)
+        else:
+            y, norm = _staged_product(x_smem, ready, i % STAGES, (i // STAGES) & 1, b)
+            rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
+            y = y * _store_norms(norm, rows, norms_ptr, n_rows)[:, None]
         _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code_words_ptr, n_rows,
                    stride_words, sign_words_ptr, residual_norms_ptr, stride_sign_words, BITS, PROD)
     for slot in gl.static_range(STAGES):
@@ -415,29 +424,23 @@ def _launch(rows: torch.Tensor, rotation_matrix: torch.Tensor, boundaries: np.nd
         rows = rows.clone(memory_format=torch.contiguous_format)
     mids = _positive_midpoints(np.asarray(boundaries, dtype=np.float64).tobytes(), str(rows.device))
     sketch, magnitudes, signs, residual_norms = prod if prod is not None else (rows, mids, codes, norms)
-    b, b_low = _code_operand(rotation_matrix, bits, rows.dtype)
+    b = _code_operand(rotation_matrix, bits)
     x_desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [BLOCK_M.value, HEAD_DIM],
                               SHARED_ROWS.value)
-    operands = (1 if b_low is None else 2) + (prod is not None)
+    operands = 1 + (prod is not None)
     shared = operands * OPERAND_BYTES + stages * ROW_TILE_BYTES.value
     programs_per_sm = max(1, min(programs_per_sm, blocks_fitting_shared_memory(rows.device, shared)))
     n_sm = torch.cuda.get_device_properties(rows.device).multi_processor_count if rows.is_cuda else 4
     grid = (min(triton.cdiv(n_rows, BLOCK_M.value), programs_per_sm * n_sm),)
-    quantize_wgmma_kernel[grid](x_desc, b, b if b_low is None else b_low, mids, codes.view(torch.int32), norms,
+    quantize_wgmma_kernel[grid](x_desc, b, mids, codes.view(torch.int32), norms,
                                 n_rows, codes.shape[1] // 4, sketch, magnitudes, signs.view(torch.int32),
                                 residual_norms, signs.shape[1] // 4, BITS=bits, PROD=prod is not None, STAGES=stages,
                                 num_warps=4, maxnreg=min(255, 65536 // (128 * programs_per_sm) // 8 * 8))
 
 
-def _code_operand(rotation_matrix: torch.Tensor, bits: int,
-                  dtype: torch.dtype = torch.float16) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """B = Pi^T (128 x 128) with columns in :func:`code_column_order` of ``bits``, in the rows' ``dtype``: fp16 (and
-    None), or bf16 B_hi and B_lo = B - B_hi rounded to bf16 again (the product then carries 2^-17 of B, not 2^-9)."""
-    exact = rotation_matrix.T[:, code_column_order(bits, rotation_matrix.device)].to(torch.float64)
-    high = exact.to(dtype).contiguous()
-    if dtype == torch.float16:
-        return high, None
-    return high, (exact - high.to(torch.float64)).to(dtype).contiguous()
+def _code_operand(rotation_matrix: torch.Tensor, bits: int) -> torch.Tensor:
+    """B = Pi^T (128 x 128 fp16) with columns in :func:`code_column_order` of ``bits``."""
+    return rotation_matrix.T[:, code_column_order(bits, rotation_matrix.device)].to(torch.float16).contiguous()
 
 
 def _sketch_operand(rotation_matrix: torch.Tensor, qjl_matrix: torch.Tensor, mse_bits: int) -> torch.Tensor:
