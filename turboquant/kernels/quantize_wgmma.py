@@ -306,10 +306,10 @@ def quantize_wgmma_kernel(x_desc, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_r
                           BITS: gl.constexpr, PROD: gl.constexpr, STAGES: gl.constexpr):
     """Persistent grid over tiles of 64 rows (module docstring). ``x_desc``: the rows' TMA descriptor
     (:data:`SHARED_ROWS`); ``STAGES`` (>= 2) tiles are in flight in shared memory, each the product's shared-memory
-    operand as it stands (:func:`_staged_product`: y = (x B) / n, the scale on the accumulator; bf16 rows through registers,
-    :func:`_converted_product`). ``b_ptr``: (128, 128) fp16 B = Pi^T with columns in :func:`code_column_order`;
-    ``mid_ptr``: the positive midpoints as fp16 pairs
-    (:func:`_positive_midpoints`); ``code_words_ptr``: the packed rows as int32 words (4 b per row). ``PROD``
+    operand as it stands (:func:`_staged_product`: y = (x B) / n, the scale on the accumulator; bf16 rows through
+    registers, :func:`_converted_product`). ``b_ptr``: (128, 128) fp16 B = Pi^T with columns in
+    :func:`code_column_order`; ``mid_ptr``: the positive midpoints as fp16 pairs (:func:`_positive_midpoints`);
+    ``code_words_ptr``: the packed rows as int32 words (4 b per row). ``PROD``
     (TurboQuant_prod, Algorithm 2; b = ``BITS`` + 1): the codes and the residual e = y - c[code] of the unit row in the
     rotated basis from :func:`_f16x2_codes_residuals` (``magnitude_ptr``: the codebook's positive centroids as fp16
     pairs, :func:`_positive_magnitudes`), its norm (``residual_norms_ptr``; ||r|| = ||e||) and the QJL sign bits
