@@ -145,6 +145,10 @@ def _session5_calls(ops: list[str]):
                                                    sketch)
             label["now"] = "quantize b=4 wgmma bf16 rows"
             quantize_wgmma.quantize_mse_wgmma(x.bfloat16(), rot, tq.lloyd_max_codebook(dim, 4).boundaries, 4)
+            label["now"] = "quantize prod b=4 wgmma bf16 rows"
+            codebook = tq.lloyd_max_codebook(dim, 3)
+            quantize_wgmma.quantize_prod_wgmma(x.bfloat16(), rot, codebook.boundaries, codebook.centroids_tensor(), 3,
+                                               sketch)
         if "mma" in ops:  # the register-operand kernel (Gluon): 4-bit K/V only
             cb = tq.lloyd_max_codebook(dim, 4).centroids_tensor()
             lead = (1, 8, 64)

@@ -234,7 +234,8 @@ def test_offline_compile_for_sm90() -> None:
     launches = [f"quantize b={b} wgmma" for b in (4, 3, 2, 1)]
     three_stages = "quantize b=4 wgmma 3 stages"
     prod = [f"quantize prod b={b} wgmma" for b in (4, 3, 2)]
-    assert list(rows) == launches + [three_stages] + prod + ["quantize b=4 wgmma bf16 rows"]
+    bf16_rows = ["quantize b=4 wgmma bf16 rows", "quantize prod b=4 wgmma bf16 rows"]
+    assert list(rows) == launches + [three_stages] + prod + bf16_rows
     for name in launches + [three_stages]:
         row = rows[name]
         assert row["stack"] == "0" and int(row["HGMMA"]) > 0 and int(row["loop shared"]) <= 8, row
@@ -246,8 +247,9 @@ def test_offline_compile_for_sm90() -> None:
         # (Triton 3.6: no spills; 3.9 spills 24 bytes)
         row = rows[name]
         assert int(row["stack"]) <= 64 and int(row["HGMMA"]) == 2 * int(first["HGMMA"]), row
-    bf16 = rows["quantize b=4 wgmma bf16 rows"]  # the staged rows as the register operand: the fp16 kernel's product
+    bf16, bf16_prod = (rows[name] for name in bf16_rows)  # the staged rows as the register operand: fp16's products
     assert bf16["stack"] == "0" and bf16["HGMMA"] == first["HGMMA"] and bf16["shared B"] == first["shared B"], bf16
+    assert int(bf16_prod["stack"]) <= 64 and bf16_prod["HGMMA"] == rows[prod[0]]["HGMMA"], bf16_prod
 
 
 @pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
