@@ -10,8 +10,8 @@
 same rows, TurboQuant_prod at 4 bits (3-bit codes + QJL signs); ``scores``: logits of B=8, 32K 4-bit keys through
 the register-operand kernel; ``decode``: B=8, 32K decode attention over K4V4, K3V3 and the 3.5-bit outlier preset
 (``kernel="auto"``; the benchmark's random caches; ``--bits`` a subset, ``--decoders`` the register-operand
-kernel's decoders to run at 4 bits, each one launch of that kernel; ``--shapes`` other BATCHxTOKENS). Profiled by ``scripts/h200_kernels.sh`` with
-``NCU=1``; outputs of earlier sessions under ``results/kernels/session*/ncu_*.txt``."""
+kernel's decoders to run at 4 bits, each one launch of that kernel; ``--shapes`` other BATCHxTOKENS). Profiled by
+``scripts/h200_kernels.sh`` with ``NCU=1``; outputs of earlier sessions under ``results/kernels/session*/ncu_*.txt``."""
 from __future__ import annotations
 
 import argparse

@@ -247,18 +247,26 @@ def _stage_rows(x_desc, x_smem, ready, slot, tile, live):
 
 
 @gluon.jit
-def _staged_product(x_smem, ready, slot, phase, b):
-    """Once buffer ``slot`` holds its fp16 rows (``ready[slot]`` at ``phase``): ``(x B, ||x||)`` of the staged
-    (64, 128) tile, both in :data:`ACC` (the norms as its row slice). x B by ``wgmma`` from shared memory (the rows
-    unscaled: y = (x / n) B = (x B) / n); the sum of squares from the same buffer, read in the accumulator's layout
-    while the product runs, so each norm lands on the lanes that hold its row."""
+def _store_norms(norm, rows, norms_ptr, n_rows):
+    """Store the rows' norms (``rows`` their indices, in ``norm``'s layout) and return 1 / n (0 for a zero row)."""
+    gl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=rows < n_rows)
+    return gl.where(norm > 0, 1.0 / gl.maximum(norm, 1e-30), 0.0)
+
+
+@gluon.jit
+def _staged_product(x_smem, ready, slot, phase, b, tile, norms_ptr, n_rows):
+    """Once buffer ``slot`` holds its fp16 rows (``ready[slot]`` at ``phase``): y = (x B) / n of the staged (64, 128)
+    tile in :data:`ACC`, its norms stored. x B by ``wgmma`` from shared memory (the rows unscaled:
+    y = (x / n) B = (x B) / n); the sum of squares from the same buffer, read in the accumulator's layout while the
+    product runs, so each norm lands on the lanes that hold its row."""
     mbarrier.wait(ready.index(slot), phase)
     x = x_smem.index(slot)
     y = warpgroup_mma(x, b, gl.zeros([BLOCK_M, 128], gl.float32, ACC), use_acc=False, is_async=True)
     xf = x.load(ACC).to(gl.float32)
-    norm = gl.sqrt(gl.sum(xf * xf, axis=1))
+    rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
+    inv = _store_norms(gl.sqrt(gl.sum(xf * xf, axis=1)), rows, norms_ptr, n_rows)
     y = warpgroup_mma_wait(0, deps=[y])
-    return y, norm
+    return y * inv[:, None]
 
 
 @gluon.jit
@@ -272,13 +280,6 @@ def _converted_product(x_smem, ready, slot, phase, b, tile, norms_ptr, n_rows):
     inv = _store_norms(gl.sqrt(gl.sum(x * x, axis=1)), rows, norms_ptr, n_rows)
     return warpgroup_mma((x * inv[:, None]).to(gl.float16), b, gl.zeros([BLOCK_M, 128], gl.float32, ACC),
                          use_acc=False)
-
-
-@gluon.jit
-def _store_norms(norm, rows, norms_ptr, n_rows):
-    """Store the rows' norms (``rows`` their indices, in ``norm``'s layout) and return 1 / n (0 for a zero row)."""
-    gl.store(norms_ptr + rows, norm.to(norms_ptr.dtype.element_ty), mask=rows < n_rows)
-    return gl.where(norm > 0, 1.0 / gl.maximum(norm, 1e-30), 0.0)
 
 
 @gluon.jit
@@ -342,9 +343,7 @@ def quantize_wgmma_kernel(x_desc, b_ptr, mid_ptr, code_words_ptr, norms_ptr, n_r
         if CONVERT:
             y = _converted_product(x_smem, ready, i % STAGES, (i // STAGES) & 1, b, tile, norms_ptr, n_rows)
         else:
-            y, norm = _staged_product(x_smem, ready, i % STAGES, (i // STAGES) & 1, b)
-            rows = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ACC))
-            y = y * _store_norms(norm, rows, norms_ptr, n_rows)[:, None]
+            y = _staged_product(x_smem, ready, i % STAGES, (i // STAGES) & 1, b, tile, norms_ptr, n_rows)
         _code_tile(y, tile, w0, w1, w2, w3, w4, w5, w6, v0, v1, v2, v3, sketch, code_words_ptr, n_rows,
                    stride_words, sign_words_ptr, residual_norms_ptr, stride_sign_words, BITS, PROD)
     for slot in gl.static_range(STAGES):

@@ -160,8 +160,8 @@ def decode_attention_groups_triton(
             ``"auto"`` (``"prmt"`` on CUDA for symmetric codebooks, else ``"table"``: ``_decode.resolve_decoder``).
             The register-operand kernel takes ``"prmt"``, ``"lut"`` (two codes per load from a pair table in shared
             memory, a copy per two lanes: 4-bit keys and values of one codebook), ``"lut-keys"`` / ``"lut-values"``
-            (the table for that stream, byte permutes for the other) or ``"auto"`` (``"lut"`` where it
-            serves the cache and each split covers enough tiles to repay the table's fill, else ``"prmt"``;
+            (the table for that stream, byte permutes for the other) or ``"auto"`` (``"lut-keys"`` where
+            the table serves the cache and each split covers enough tiles to repay its fill, else ``"prmt"``;
             :func:`.mma.resolve_mma_decoder`).
         inner: the multiply of the inner loop: ``"dot"`` (tensor cores, the GQA group padded to 16 rows) or
             ``"fma"`` (CUDA-core FMAs over the group's own rows; decode is a matrix-vector product per head).

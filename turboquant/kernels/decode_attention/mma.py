@@ -321,8 +321,7 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
     mma_split_kernel[(batch, n_kv_heads, num_splits)](
         q_rot, k, kn, v, vn, k0, kn0, v0, vn0, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
         *cache_format.mma_tables, cache_format.mma_pair_table if decoder.startswith("lut") else seq_lens,
-        tokens_per_split,
-        q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0], v_strides[1], k_strides[2], k_strides[3],
+        tokens_per_split, q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0], v_strides[1], k_strides[2], k_strides[3],
         v_strides[2], v_strides[3], part_out.stride()[:3], part_lse.stride()[:2], scale_log2,
         **_meta(n_heads // n_kv_heads, block_n, stages, key_bits, value_bits, decoder, rows),
     )
@@ -350,8 +349,8 @@ def resolve_mma_decoder(decoder: str, cache_format: CacheFormat, tiles_per_split
     ``"lut-values"``: :func:`stream_decoder`). ``"auto"`` takes ``"lut-keys"`` where the table serves the
     cache and a split covers at least :data:`LUT_MIN_TILES` tiles (``tiles_per_split``; the table's fill is paid once
     per program, the lookups' saving once per tile: benchmarks/NOTES.md, Sessions 32 and 37; the keys' lookups
-    alone, the values' by permutes, were the fastest of the four at the long splits), else ``"prmt"``. ValueError naming the reason
-    for a decoder that cannot serve the cache."""
+    alone, the values' by permutes, were the fastest of the four at the long splits), else ``"prmt"``. ValueError
+    naming the reason for a decoder that cannot serve the cache."""
     if decoder not in MMA_DECODERS:
         raise ValueError(f"the register-operand kernel's decoder must be one of {MMA_DECODERS}, got {decoder!r}")
     lut_serves = cache_format.mma_bits == (4, 4) and cache_format.mma_pair_table is not None
