@@ -263,6 +263,41 @@ def test_register_decoder_needs_a_symmetric_codebook(device, generator):
         decode_attention_triton(*tensors, seq_lens, inner="wgmma", **common)
 
 
+@pytest.mark.parametrize("group, n_splits", [(4, 70), (1, 3), (16, 33)])
+def test_merge_rotates_back_any_split_count(device, generator, group, n_splits):
+    """The merge over more splits than one pass of its tile holds, where the splits without tokens (lse = -inf) hold
+    NaN rows (weight 0 must select them away, not multiply them), then the rotation back and the value order's
+    scatter, against float64."""
+    from turboquant.kernels.decode_attention.launch import _combine
+
+    batch, kv_heads, dim = 2, 3, 128
+    heads = group * kv_heads
+    part_out = torch.randn(batch, heads, n_splits, dim, generator=generator)
+    part_lse = torch.randn(batch, heads, n_splits, generator=generator) * 4
+    empty = torch.rand(batch, heads, n_splits, generator=generator) < 0.3
+    empty[0, 0] = True  # a head without any token: output 0, lse -inf
+    part_lse[empty] = float("-inf")
+    part_out[empty] = float("nan")
+    rotation = tq.make_rotation("haar", dim, seed=3).matrix()
+    group_format = ChannelGroup(dim, 4, rotation.to(device), tq.lloyd_max_codebook(dim, 4).centroids_tensor(device),
+                                None, None)
+    cache_format = CacheFormat.build([group_format], [group_format], device)
+    perm = random_permutation(batch, kv_heads, dim, generator, device)
+    out, lse = _combine(part_out.to(device), part_lse.to(device), cache_format, perm, torch.float32, group, True)
+
+    weight = torch.exp2(part_lse.double() - part_lse.double().amax(-1, keepdim=True).clamp_min(-1e300))
+    merged = (weight[..., None] * part_out.double().nan_to_num()).sum(2) / weight.sum(-1, keepdim=True).clamp_min(1e-300)
+    rotated = merged @ rotation.double()
+    expected = torch.empty_like(rotated)
+    expected.scatter_(-1, perm.cpu().repeat_interleave(group, dim=1), rotated)
+    assert torch.allclose(out.cpu().double(), expected, atol=1e-5)
+    expected_lse = torch.logsumexp(part_lse.double() * math.log(2), dim=-1)
+    assert torch.equal(torch.isinf(lse.cpu()), torch.isinf(expected_lse))
+    finite = torch.isfinite(expected_lse)
+    assert torch.allclose(lse.cpu().double()[finite], expected_lse[finite], atol=1e-5)
+    assert torch.all(out.cpu()[0, 0] == 0)
+
+
 @pytest.mark.parametrize("max_tokens, num_splits, block_n",
                          [(1000, None, None), (1000, 3, 64), (70, 8, 32), (0, None, None)])
 def test_split_plan_covers_the_tokens_with_whole_tiles(device, max_tokens, num_splits, block_n):
