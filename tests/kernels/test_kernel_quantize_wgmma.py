@@ -299,12 +299,14 @@ def test_replays_in_a_cuda_graph() -> None:
 
 @pytest.mark.skipif(not HOPPER, reason="the warpgroup-MMA kernel runs on Hopper GPUs only")
 @pytest.mark.parametrize("bits", [2, 3, 4])
-def test_prod_matches_reference_on_gpu(bits) -> None:
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_prod_matches_reference_on_gpu(bits, dtype) -> None:
+    """TurboQuant_prod through the wgmma kernel, fp16 rows and bf16 rows (rounded to fp16 unit rows in registers)."""
     from tests.kernels.test_kernel_quantize_prod import assert_close_off_ties
     from turboquant.kernels.quantize_prod import quantize_prod_reference, quantize_prod_triton
 
     quantizer = tq.TurboQuantProd(128, bits, rotation="haar", seed=4)
-    x = (2 * torch.randn(3000, 128, generator=torch.Generator().manual_seed(bits))).half()
+    x = (2 * torch.randn(3000, 128, generator=torch.Generator().manual_seed(bits))).to(dtype)
     mse = quantizer.mse
     args = (mse.rotation.matrix().cuda(), mse.codebook.boundaries, mse.codebook.centroids_tensor("cuda"))
     codes, signs, norms, residual_norms = quantize_prod_triton(x.cuda(), *args, bits - 1,
