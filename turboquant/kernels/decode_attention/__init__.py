@@ -23,8 +23,7 @@ in the kernel's stream order). Keys are never decoded to vectors. Values, with `
     o_P = concat_g Pi_g^T ( sum_t p_t n_{g,t} c_g[idx_{g,t}] ),    o[perm_V[j]] = o_P[j],
 
 i.e. each value group is accumulated in its own rotated domain, rotated back once on the (head_dim,) output
-(one block-diagonal matrix, applied by the launch that merges the KV splits) and un-permuted to the model's
-channel order.
+(one block-diagonal matrix) and un-permuted to the model's channel order.
 
 A stream's codes are one :class:`turboquant.QuantizedVectors` per channel group (outliers first), leading shape
 (batch, kv_heads, tokens), the token axis possibly strided; a quantizer's ``stored`` or
@@ -38,8 +37,8 @@ The package, one module per job:
 =================  ==========================================================================================
 ``format``         :class:`ChannelGroup`, :class:`CacheFormat` (the stage query map, tables and compile-time
                    geometry, derived once) and the input checks
-``kernel``         the Triton kernels: rotate (the query map before the split), split (tiles, stages, online
-                   softmax) and merge (the splits, then ``Pi_V^T`` and the value order's scatter)
+``kernel``         the Triton kernels: split (tiles, stages, online softmax), merge (the splits) and rotate (the
+                   query map before the split, ``Pi_V^T`` after the merge)
 ``mma``            the register-operand split kernel (Gluon) for the layouts it serves
 ``launch``         :func:`decode_attention_groups_triton`, :func:`decode_attention_triton` and their defaults
 ``reference``      the float64 reference over the dequantized cache

@@ -1,4 +1,4 @@
-"""The Triton kernels of split-KV decode attention over a packed cache (the math: the package docstring).
+"""The two Triton kernels of split-KV decode attention over a packed cache (the math: the package docstring).
 
 Kernel 1 (:func:`decode_split_kernel`): one program per (batch row, KV head, KV split) covering the whole GQA
 group of query heads, so each cache byte is read once. It walks its token range in tiles, decodes codes to fp16
@@ -11,11 +11,11 @@ gather, register codebook by selects, or inline-PTX ``prmt`` for 3- and 4-bit co
 a broadcast multiply and ``tl.sum``, so the decoded tile is never staged through shared memory for an MMA; decode is
 a matrix-vector product per query head, worth it for small GQA groups).
 
-Kernel 2 (:func:`merge_kernel`): one program per (batch row, KV head, slice of output channels) merges the splits of
-its GQA group by their log-sum-exp in one pass over all rotated channels and applies the block-diagonal ``Pi_V^T``
-to its slice, writing the output in the query's dtype, scattered through ``perm_V`` when values are split: the
-merge and the rotation back are one launch. Its grid has several programs per (row, KV head): at small batch a
-program per (row, KV head) leaves most SMs idle while it walks the splits. :func:`rotate_kernel` prepares the query
+Kernels 2 and 3: :func:`merge_kernel`, one program per (batch row, KV head, slice of rotated channels), merges the
+splits of its GQA group by their log-sum-exp in one pass; :func:`rotate_kernel`, one program per (batch row, KV head,
+slice of output channels), applies the block-diagonal ``Pi_V^T``, writing the output in the query's dtype, scattered
+through ``perm_V`` when values are split. Each grid has several programs per (row, KV head): at small batch a program
+per (row, KV head) leaves most SMs idle while it walks the splits. The same :func:`rotate_kernel` prepares the query
 before kernel 1 (gathered into the key order, times the query map, fp16), one launch where a cast, a gather, a
 matmul and a cast were four.
 """
@@ -294,60 +294,43 @@ def decode_split_kernel(
 
 @triton.jit
 def merge_kernel(
-    part_out_ptr, part_lse_ptr, mat_ptr, perm_ptr, out_ptr, lse_ptr, n_splits, dim, cols,
-    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ad, stride_aj, stride_ob, stride_oh, stride_mb,
-    stride_mh, stride_eb,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_J: tl.constexpr,
-    PERMUTE: tl.constexpr, WRITE_LSE: tl.constexpr,
+    part_out_ptr, part_lse_ptr, o_rot_ptr, lse_ptr, n_splits, dim,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_rb, stride_rh, stride_eb,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, SLICE: tl.constexpr, WRITE_LSE: tl.constexpr,
 ):
-    """Output columns ``program_id(2) * BLOCK_J`` onward of the GQA group of (batch row, KV head): the splits merged
-    over all ``dim`` rotated channels by their log2-sum-exps (``BLOCK_S`` splits at a time, a running maximum as in
-    the split kernel's softmax), ``o_rot = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M)``, then rotated back,
-    ``out = o_rot @ mat`` (``mat`` (dim, cols) float32, the block-diagonal ``Pi_V``), summed in float32 and written in
-    the output's dtype; ``PERMUTE``: scattered through the (batch row, KV head)'s value order, ``out[perm[j]] = o[j]``.
-    Each program merges every channel (the rotation mixes them): the grid's programs per (row, KV head) trade
-    re-reads of the partial rows, from L2, for SMs at small batch. Every split program writes its rows (zeros and
-    ``lse = -inf`` for a split without tokens), so the partial rows are loaded with the log-sum-exps, not after them,
-    and weight 0 selects them away. With WRITE_LSE (column block 0) also store the natural log-sum-exp of the scaled
-    logits over all splits (-inf for none)."""
+    """Merge the splits of (batch row, KV head) for its GQA group of query heads and channels ``program_id(2) * SLICE``
+    onward of the rotated output, in one pass over the splits (``BLOCK_S`` at a time, a running maximum of their
+    log2-sum-exps as in the split kernel's softmax): ``o_rot = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M)``. With
+    WRITE_LSE (slice 0) also store the natural log-sum-exp of the scaled logits over all splits (-inf for none)."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     row_mask = rows < GROUP
     heads = kv_head * GROUP + rows
-    channels = tl.arange(0, BLOCK_D)
+    channels = tl.program_id(2) * SLICE + tl.arange(0, SLICE)
     c_mask = channels < dim
-    j_offs = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
-    j_mask = j_offs < cols
-    mat = tl.load(mat_ptr + channels[:, None] * stride_ad + j_offs[None, :] * stride_aj,
-                  mask=c_mask[:, None] & j_mask[None, :], other=0.0)
     s_offs = tl.arange(0, BLOCK_S)
     lse_rows = part_lse_ptr + b * stride_lb + heads[:, None] * stride_lh
     part_rows = part_out_ptr + b * stride_pb + heads[:, None, None] * stride_ph + channels[None, None, :]
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, SLICE), dtype=tl.float32)
     for s0 in range(0, n_splits, BLOCK_S):
         splits = s0 + s_offs
-        live = row_mask[:, None] & (splits < n_splits)[None, :]
-        lse = tl.load(lse_rows + splits[None, :], mask=live, other=float("-inf"))
-        part = tl.load(part_rows + splits[None, :, None] * stride_ps, mask=live[:, :, None] & c_mask[None, None, :],
-                       other=0.0)
+        lse = tl.load(lse_rows + splits[None, :], mask=row_mask[:, None] & (splits < n_splits)[None, :],
+                      other=float("-inf"))
         m_new = tl.maximum(m_i, tl.max(lse, axis=1))
         shift = tl.where(m_new > float("-inf"), m_new, 0.0)
         alpha = tl.exp2(m_i - shift)
         weight = tl.exp2(lse - shift[:, None])
-        acc = acc * alpha[:, None] + tl.sum(tl.where((weight > 0)[:, :, None], weight[:, :, None] * part, 0.0), axis=1)
+        part = tl.load(part_rows + splits[None, :, None] * stride_ps,
+                       mask=(weight > 0)[:, :, None] & c_mask[None, None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.sum(weight[:, :, None] * part, axis=1)
         l_i = l_i * alpha + tl.sum(weight, axis=1)
         m_i = m_new
     o_rot = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o = tl.sum(o_rot[:, :, None] * mat[None, :, :], axis=1)
-    if PERMUTE:
-        out_cols = tl.load(perm_ptr + b * stride_mb + kv_head * stride_mh + j_offs, mask=j_mask, other=0)
-    else:
-        out_cols = j_offs
-    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + out_cols[None, :], o.to(out_ptr.dtype.element_ty),
-             mask=row_mask[:, None] & j_mask[None, :])
+    tl.store(o_rot_ptr + b * stride_rb + heads[:, None] * stride_rh + channels[None, :], o_rot,
+             mask=row_mask[:, None] & c_mask[None, :])
     if WRITE_LSE:
         if tl.program_id(2) == 0:
             lse2 = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
@@ -361,10 +344,11 @@ def rotate_kernel(
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_J: tl.constexpr, PERMUTE: tl.constexpr,
 ):
     """Output columns ``program_id(2) * BLOCK_J`` onward of the GQA group of (batch row, KV head):
-    ``out = x_P @ mat`` for the group's rows of ``x`` (any float dtype, summed in float32; ``mat`` (dim, cols) float32,
-    strides ``stride_ad``, ``stride_aj``), written in the output's dtype; ``PERMUTE``: x's columns gathered through the
-    (batch row, KV head)'s channel order, ``x_P[d] = x[perm[d]]`` (the query in a split cache's key order), else
-    ``x_P = x``."""
+    ``out = x @ mat`` for the group's rows of ``x`` (any float dtype, summed in float32; ``mat`` (dim, cols) float32,
+    strides ``stride_ad``, ``stride_aj``), written in the output's dtype. ``PERMUTE``: ``"none"``; ``"input"``: x's
+    columns gathered through the (batch row, KV head)'s channel order, ``x_P[d] = x[perm[d]]`` (the query in a split
+    cache's key order); ``"output"``: the output scattered through it, ``out[perm[j]] = o[j]`` (the merged output
+    back in the model's value order)."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -374,8 +358,9 @@ def rotate_kernel(
     d_mask = d_offs < dim
     j_offs = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
     j_mask = j_offs < cols
-    if PERMUTE:
-        x_cols = tl.load(perm_ptr + b * stride_mb + kv_head * stride_mh + d_offs, mask=d_mask, other=0)
+    perm_row = perm_ptr + b * stride_mb + kv_head * stride_mh
+    if PERMUTE == "input":
+        x_cols = tl.load(perm_row + d_offs, mask=d_mask, other=0)
     else:
         x_cols = d_offs
     x = tl.load(x_ptr + b * stride_xb + heads[:, None] * stride_xh + x_cols[None, :],
@@ -383,5 +368,9 @@ def rotate_kernel(
     mat = tl.load(mat_ptr + d_offs[:, None] * stride_ad + j_offs[None, :] * stride_aj,
                   mask=d_mask[:, None] & j_mask[None, :], other=0.0)
     o = tl.sum(x[:, :, None] * mat[None, :, :], axis=1)
-    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + j_offs[None, :], o.to(out_ptr.dtype.element_ty),
+    if PERMUTE == "output":
+        out_cols = tl.load(perm_row + j_offs, mask=j_mask, other=0)
+    else:
+        out_cols = j_offs
+    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + out_cols[None, :], o.to(out_ptr.dtype.element_ty),
              mask=row_mask[:, None] & j_mask[None, :])

@@ -1,5 +1,5 @@
 """Host entry points of the decode kernel: argument checks, tile and split defaults, the query's stage map,
-and the launches (the query's rotation, the split, then the merge that rotates back)."""
+and the launches (split, then merge and rotate)."""
 from __future__ import annotations
 
 import math
@@ -17,8 +17,8 @@ from ...codes import QuantizedVectors
 from .format import MAX_CHANNEL_GROUPS, CacheFormat, check_inputs, one_group_cache
 from .kernel import decode_split_kernel, merge_kernel, rotate_kernel
 
-_TILE_PER_WARP = 2048  # elements of the merge / rotate kernels' 3-D tiles per warp: 64 fp32 registers per thread
-_MERGE_WARPS = 8  # the merge's programs each hold a (group, splits, channels) and a (group, channels, columns) tile
+_COMBINE_TILE = 8192  # elements of the merge / rotate kernels' 3-D tiles: 64 fp32 registers per thread at 4 warps
+_MERGE_SLICE = 32  # rotated channels per merge program (benchmarks/NOTES.md, session 16: too few programs)
 
 
 def default_block_n(cache_format: CacheFormat, decoder: str) -> int:
@@ -190,7 +190,7 @@ def decode_attention_groups_triton(
     # q_P (the GQA group of query heads shares its KV head's channel order) times the kernel's query map, fp16
     query_map = cache_format.mma_query_map if plan.kernel == "mma" else cache_format.query_map
     q_mapped = torch.empty((batch, n_heads, query_map.shape[1]), dtype=torch.float16, device=q.device)
-    _rotate(q, query_map, q_mapped, group, key_permutation)
+    _rotate(q, query_map, q_mapped, group, key_permutation, "input")
     tokens_per_split, num_splits = plan.tokens_per_split, plan.num_splits
     part_out = torch.empty((batch, n_heads, num_splits, dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((batch, n_heads, num_splits), dtype=torch.float32, device=q.device)
@@ -205,17 +205,20 @@ def decode_attention_groups_triton(
     return _combine(part_out, part_lse, cache_format, value_permutation, q.dtype, group, return_lse)
 
 
-def _rotate(x: torch.Tensor, mat: torch.Tensor, out: torch.Tensor, group: int,
-            permutation: torch.Tensor | None) -> None:
-    """Launch :func:`.kernel.rotate_kernel`: ``out[b, h] = x_P[b, h] @ mat`` per GQA group of ``group`` heads, x's
-    columns gathered through ``permutation`` (batch, kv_heads, dim), ``x_P = x[perm]``; None: the identity."""
+def _rotate(x: torch.Tensor, mat: torch.Tensor, out: torch.Tensor, group: int, permutation: torch.Tensor | None,
+            permute: str) -> None:
+    """Launch :func:`.kernel.rotate_kernel`: ``out[b, h] = x[b, h] @ mat`` per GQA group of ``group`` heads, x's
+    columns gathered through ``permutation`` (batch, kv_heads, dim) when ``permute="input"``, out's scattered through
+    it when ``"output"``; no permutation when it is None."""
     x = _row_contiguous(x)
     batch, n_heads, dim = x.shape
     cols = mat.shape[1]
-    permute = permutation is not None
-    permutation = permutation.to(out.device) if permute else out  # the stand-in is never read
+    if permutation is None:
+        permute, permutation = "none", out  # the stand-in is never read
+    else:
+        permutation = permutation.to(out.device)
     rows, block_d = pow2_at_least(group, floor=1), pow2_at_least(dim)
-    block_j = min(max(1, 4 * _TILE_PER_WARP // (rows * block_d)), pow2_at_least(cols))
+    block_j = min(max(1, _COMBINE_TILE // (rows * block_d)), pow2_at_least(cols))
     rotate_kernel[(batch, n_heads // group, triton.cdiv(cols, block_j))](
         x, mat, permutation, out, dim, cols, x.stride(0), x.stride(1), mat.stride(0), mat.stride(1), out.stride(0),
         out.stride(1), permutation.stride(0), permutation.stride(1),
@@ -250,27 +253,23 @@ def _tiles_split(q_stages: torch.Tensor, keys: Sequence[QuantizedVectors], value
 def _combine(part_out: torch.Tensor, part_lse: torch.Tensor, cache_format: CacheFormat,
              value_permutation: torch.Tensor | None, dtype: torch.dtype, group: int,
              return_lse: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Launch :func:`.kernel.merge_kernel`: the splits merged, rotated back and un-permuted, in one launch."""
+    """Launch :func:`.kernel.merge_kernel` and :func:`.kernel.rotate_kernel`: the splits merged, rotated back and
+    un-permuted."""
     batch, n_heads, num_splits, dim = part_out.shape
     device = part_out.device
-    mat = cache_format.value_rotation
-    cols = mat.shape[1]
-    out = torch.empty((batch, n_heads, cols), dtype=dtype, device=device)
+    o_rot = torch.empty((batch, n_heads, dim), dtype=torch.float32, device=device)
+    out = torch.empty((batch, n_heads, dim), dtype=dtype, device=device)
     lse = torch.empty((batch, n_heads), dtype=torch.float32, device=device) if return_lse else part_lse
-    permute = value_permutation is not None
-    permutation = value_permutation.to(device) if permute else out  # the stand-in is never read
     rows, block_d = pow2_at_least(group, floor=1), pow2_at_least(dim)
-    tile = _MERGE_WARPS * _TILE_PER_WARP
-    block_s = min(max(1, tile // (rows * block_d)), pow2_at_least(num_splits, 1))
-    block_j = min(max(1, tile // (rows * block_d)), pow2_at_least(cols))
-    merge_kernel[(batch, n_heads // group, triton.cdiv(cols, block_j))](
-        part_out, part_lse, mat, permutation, out, lse, num_splits, dim, cols,
+    slice_ = min(_MERGE_SLICE, block_d)
+    merge_kernel[(batch, n_heads // group, triton.cdiv(dim, slice_))](
+        part_out, part_lse, o_rot, lse, num_splits, dim,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        mat.stride(0), mat.stride(1), out.stride(0), out.stride(1), permutation.stride(0), permutation.stride(1),
-        lse.stride(0),
-        GROUP=group, BLOCK_M=rows, BLOCK_D=block_d, BLOCK_S=block_s, BLOCK_J=block_j, PERMUTE=permute,
-        WRITE_LSE=return_lse, num_warps=_MERGE_WARPS,
+        o_rot.stride(0), o_rot.stride(1), lse.stride(0),
+        GROUP=group, BLOCK_M=rows, BLOCK_S=min(max(1, _COMBINE_TILE // (rows * slice_)), pow2_at_least(num_splits, 1)),
+        SLICE=slice_, WRITE_LSE=return_lse, num_warps=4,
     )
+    _rotate(o_rot, cache_format.value_rotation, out, group, value_permutation, "output")
     return (out, lse) if return_lse else out
 
 
