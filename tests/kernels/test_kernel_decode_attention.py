@@ -286,7 +286,8 @@ def test_merge_rotates_back_any_split_count(device, generator, group, n_splits):
     out, lse = _combine(part_out.to(device), part_lse.to(device), cache_format, perm, torch.float32, group, True)
 
     weight = torch.exp2(part_lse.double() - part_lse.double().amax(-1, keepdim=True).clamp_min(-1e300))
-    merged = (weight[..., None] * part_out.double().nan_to_num()).sum(2) / weight.sum(-1, keepdim=True).clamp_min(1e-300)
+    merged = ((weight[..., None] * part_out.double().nan_to_num()).sum(2)
+              / weight.sum(-1, keepdim=True).clamp_min(1e-300))
     rotated = merged @ rotation.double()
     expected = torch.empty_like(rotated)
     expected.scatter_(-1, perm.cpu().repeat_interleave(group, dim=1), rotated)
