@@ -321,8 +321,8 @@ def mma_split(q_rot: torch.Tensor, keys: Sequence[QuantizedVectors], values: Seq
     mma_split_kernel[(batch, n_kv_heads, num_splits)](
         q_rot, k, kn, v, vn, k0, kn0, v0, vn0, cache_format.mma_value_rows, seq_lens, part_out, part_lse,
         *cache_format.mma_tables, cache_format.mma_pair_table if decoder.startswith("lut") else seq_lens,
-        tokens_per_split, q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0], v_strides[1], k_strides[2], k_strides[3],
-        v_strides[2], v_strides[3], part_out.stride()[:3], part_lse.stride()[:2], scale_log2,
+        tokens_per_split, q_rot.stride()[:2], k_strides[0], k_strides[1], v_strides[0], v_strides[1], k_strides[2],
+        k_strides[3], v_strides[2], v_strides[3], part_out.stride()[:3], part_lse.stride()[:2], scale_log2,
         **_meta(n_heads // n_kv_heads, block_n, stages, key_bits, value_bits, decoder, rows),
     )
 
